@@ -1,0 +1,65 @@
+"""Alembic environment. The library passes its own connection; the CLI/alembic use a URL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from alembic import context
+from sqlalchemy import Connection
+
+from tiered_history.store.schema import metadata
+
+config = context.config
+target_metadata = metadata
+
+
+def _run(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        # SQLite cannot ALTER most things: batch mode rebuilds tables instead.
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_offline() -> None:
+    context.configure(
+        url=config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        render_as_batch=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def _run_async(url: str) -> None:
+    from tiered_history.store.dialect import create_engine
+
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(_run)
+    finally:
+        await engine.dispose()
+
+
+def run_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    url = config.get_main_option("sqlalchemy.url") or os.environ.get("TIERED_HISTORY_DATABASE_URL")
+    if not url:
+        raise SystemExit("set sqlalchemy.url or TIERED_HISTORY_DATABASE_URL")
+    asyncio.run(_run_async(url))
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

@@ -1,0 +1,423 @@
+"""The extractive summariser: offline default and LLM fallback, so its guarantees are absolute."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tiered_history.summarizers.base import Summarizer, SummaryInput, SummaryPiece
+from tiered_history.summarizers.extractive import ExtractiveSummarizer
+from tiered_history.tokens import TokenCounter
+
+COUNTER = TokenCounter()
+T0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+ROLES = ("user", "assistant", "system", "tool")
+
+
+def msgs(*turns: tuple[str, str], name: str | None = None) -> list[SummaryInput]:
+    return [
+        SummaryInput(sequence=i, role=role, content=text, timestamp=T0 + timedelta(minutes=i), name=name)
+        for i, (role, text) in enumerate(turns)
+    ]
+
+
+def source_tokens(messages: Sequence[SummaryInput]) -> int:
+    return sum(COUNTER.count(m.content) for m in messages)
+
+
+def prefixes_of(messages: Sequence[SummaryInput]) -> set[str]:
+    out = set()
+    for m in messages:
+        out.add(f"{m.role.capitalize()}: ")
+        if m.name:
+            out.add(f"{m.name} ({m.role}): ")
+    return out
+
+
+def assert_no_invented_words(
+    output: str, sources: Sequence[str], prefixes: set[str], keyword_line: bool = True
+) -> None:
+    """Every output word (bar speaker prefixes, keyword line, date headers, "…") is part of an input word."""
+    source_words = [w for text in sources for w in text.split()]
+    source_text = "\n".join(sources)
+    for index, line in enumerate(output.split("\n")):
+        if re.fullmatch(r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}–(\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}\]", line):
+            continue
+        if keyword_line and index == 0 and line.startswith("Topic: "):
+            for keyword in line.removeprefix("Topic: ").split(", "):
+                assert keyword in source_text, f"keyword {keyword!r} is not in the input"
+            continue
+        for prefix in sorted(prefixes, key=len, reverse=True):
+            if line.startswith(prefix):
+                line = line[len(prefix) :]
+                break
+        for word in line.split():
+            word = word.rstrip("…")
+            assert not word or any(word in s for s in source_words), f"{word!r} was invented"
+
+
+def conversation() -> list[SummaryInput]:
+    return msgs(
+        ("user", "I want to migrate our billing service from MySQL to Postgres before March 3."),
+        ("assistant", "Sure, that sounds like a reasonable plan for the billing migration."),
+        ("user", "The config lives in /etc/billing/config.yaml and the DSN is in settings.DATABASE_URL."),
+        ("assistant", "You could use pgloader, which converts MySQL schemas to Postgres automatically."),
+        ("user", "ok thanks"),
+        ("user", "We decided to keep the old replica running for 2 weeks because finance needs reports."),
+        ("assistant", "Great, keeping the replica is a safe choice. I will note that down."),
+        ("user", "Please never drop the invoices table without a backup."),
+        ("assistant", "Understood. The runbook says to run `migrate_invoices()` in batches of 10000 rows."),
+        ("user", "Alice from finance said the deadline is 2026-03-03 at 17:00. lol"),
+        ("assistant", "Okay."),
+        ("user", "Check https://wiki.example.com/billing/migration and email bob@example.com when done."),
+    )
+
+
+async def test_implements_protocol_and_reports_a_free_offline_result() -> None:
+    summarizer = ExtractiveSummarizer()
+    assert isinstance(summarizer, Summarizer)
+    result = await summarizer.summarize(conversation(), 120)
+    assert result.summarizer == "extractive" == summarizer.name
+    assert result.model is None
+    assert result.cost == 0 and result.prompt_tokens == 0 and result.completion_tokens == 0
+    assert result.provisional is False
+    assert result.latency_ms >= 0
+    assert result.text
+
+
+async def test_same_input_gives_same_output_across_instances() -> None:
+    first = await ExtractiveSummarizer().summarize(conversation(), 90)
+    second = await ExtractiveSummarizer(TokenCounter()).summarize(conversation(), 90)
+    assert first.text == second.text
+
+
+async def test_realistic_summary_keeps_facts_and_drops_filler() -> None:
+    messages = conversation()
+    text = (await ExtractiveSummarizer().summarize(messages, 150)).text
+    assert COUNTER.count(text) <= 150
+    for fact in ("/etc/billing/config.yaml", "2026-03-03", "https://wiki.example.com/billing/migration"):
+        assert fact in text
+    assert "never drop the invoices table" in text
+    assert "ok thanks" not in text and "Okay." not in text
+    assert "User: " in text
+    assert_no_invented_words(text, [m.content for m in messages], prefixes_of(messages))
+
+
+async def test_selected_sentences_stay_in_chronological_order() -> None:
+    messages = msgs(
+        *[
+            ("user" if i % 2 else "assistant", f"Step {i} is to configure module_{i} on host{i}.")
+            for i in range(30)
+        ]
+    )
+    text = (await ExtractiveSummarizer().summarize(messages, 120)).text
+    steps = [int(n) for n in re.findall(r"Step (\d+)", text)]
+    assert len(steps) >= 3
+    assert steps == sorted(steps)
+
+
+async def test_users_wording_beats_the_assistants_paraphrase() -> None:
+    messages = msgs(
+        ("user", "Let's ship the new checkout page on Friday after the review."),
+        ("assistant", "Agreed, we can ship the new checkout page on Friday after the review."),
+    )
+    text = (await ExtractiveSummarizer().summarize(messages, 18)).text
+    assert text.startswith("User: Let's ship the new checkout page")
+    assert "Assistant" not in text
+
+
+async def test_user_sentence_beats_equally_informative_assistant_sentence() -> None:
+    for order in ((0, 1), (1, 0)):
+        turns = [
+            ("user", "The staging database listens on port 5433."),
+            ("assistant", "The production cache listens on port 6380."),
+        ]
+        messages = msgs(*[turns[i] for i in order])
+        text = (await ExtractiveSummarizer().summarize(messages, 14)).text
+        assert "5433" in text and "6380" not in text
+
+
+async def test_tool_output_ranks_below_people() -> None:
+    messages = msgs(
+        ("tool", "Query returned 42 rows from table orders in 0.3 seconds."),
+        ("user", "Show me the 42 late orders from table orders please."),
+    )
+    text = (await ExtractiveSummarizer().summarize(messages, 16)).text
+    assert "User:" in text and "Tool:" not in text
+
+
+@pytest.mark.parametrize(
+    "fact",
+    [
+        "The report is at /srv/reports/q3_summary.csv for review.",
+        "Docs are at https://example.org/api/v2/reference now.",
+        "Set `retry_limit` to 7 in the scheduler.",
+        "Call parseInvoiceDate before saving the record.",
+        "Write to ops-team@example.com about the outage.",
+        "We decided to drop the legacy exporter because nobody uses it.",
+        "The meeting moved to 2026-02-14 at 09:30.",
+    ],
+)
+async def test_informative_sentence_beats_filler_and_chatter(fact: str) -> None:
+    messages = msgs(
+        ("user", "ok thanks lol"),
+        ("user", "that seems kind of fine to me I guess"),
+        ("user", "sure, cool, sounds good"),
+        ("user", fact),
+        ("user", "yeah haha nice"),
+        ("user", "hmm well it is what it is"),
+    )
+    budget = COUNTER.count("User: " + fact) + 2
+    text = (await ExtractiveSummarizer().summarize(messages, budget)).text
+    assert fact in text
+    assert "lol" not in text and "guess" not in text
+
+
+async def test_speaker_name_is_used_in_the_prefix() -> None:
+    booking = "Please book the large meeting room for 3pm tomorrow with a projector."
+    reply = "Done: I reserved room B4 and ordered coffee for 12 people."
+    messages = [
+        SummaryInput(0, "user", booking, T0, name="alice"),
+        SummaryInput(1, "user", "ok thanks, cool, sounds good lol", T0, name="alice"),
+        SummaryInput(2, "assistant", reply, T0),
+        SummaryInput(3, "assistant", "You're welcome, happy to help! 😊", T0),
+    ]
+    text = (await ExtractiveSummarizer().summarize(messages, 100)).text
+    assert text.split("\n") == [f"alice (user): {booking}", f"Assistant: {reply}"]
+
+
+async def test_topic_line_lists_recurring_words_when_there_is_room() -> None:
+    text = (await ExtractiveSummarizer().summarize(conversation(), 300)).text
+    first = text.split("\n")[0]
+    assert first.startswith("Topic: ")
+    keywords = first.removeprefix("Topic: ").split(", ")
+    assert 3 <= len(keywords) <= 6
+    assert "billing" in keywords
+
+
+async def test_long_sentence_is_cut_to_its_head_with_an_ellipsis() -> None:
+    long_sentence = "We need to " + " and ".join(f"update service number {i}" for i in range(80)) + "."
+    messages = msgs(("user", long_sentence), ("assistant", "I will start with the first one."))
+    text = (await ExtractiveSummarizer().summarize(messages, 400)).text
+    line = next(line for line in text.split("\n") if line.startswith("User: "))
+    assert line.startswith("User: We need to update service number 0")
+    assert line.endswith("…")
+    assert COUNTER.count(line) <= 70
+
+
+@pytest.mark.parametrize("target", [0, -5, 1, 100])
+async def test_empty_input_never_crashes(target: int) -> None:
+    summarizer = ExtractiveSummarizer()
+    assert (await summarizer.summarize([], target)).text == ""
+    assert (await summarizer.merge([], target)).text == ""
+    blank = msgs(("user", ""), ("assistant", "   \n\t "), ("tool", "..."))
+    assert COUNTER.count((await summarizer.summarize(blank, target)).text) < max(source_tokens(blank), 1)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "x" * 50_000,
+        " ".join(["lorem", "ipsum", "dolor", "sit", "amet"] * 2_000),
+        "我们决定下周三发布新版本因为测试已经完成" * 2_500,
+        "```python\n" + "def handler(event):\n    return process(event)\n" * 1_000 + "```",
+    ],
+    ids=["no-spaces", "no-punctuation", "cjk", "code-block"],
+)
+async def test_huge_single_message_is_cut_not_crashed(content: str) -> None:
+    messages = msgs(("user", content))
+    for target in (20, 200):
+        text = (await ExtractiveSummarizer().summarize(messages, target)).text
+        assert 0 < COUNTER.count(text) <= target
+        assert_no_invented_words(text, [content], {"User: "})
+
+
+async def test_code_blocks_and_unicode_are_handled() -> None:
+    messages = msgs(
+        (
+            "user",
+            "Why does this fail?\n```py\nimport os\nprint(os.environ['HOME_DIR'])\n```\nIt crashes at 3am.",
+        ),
+        ("assistant", "Ça dépend — `HOME_DIR` n'existe pas. 😅 Use os.environ.get('HOME_DIR') instead."),
+        ("user", "東京のサーバーで動かしています。明日までに直してください！"),
+    )
+    text = (await ExtractiveSummarizer().summarize(messages, 60)).text
+    assert 0 < COUNTER.count(text) <= 60
+    assert "```" not in text
+    assert_no_invented_words(text, [m.content for m in messages], prefixes_of(messages))
+
+
+@pytest.mark.parametrize(
+    "content", ["Yes", "Hi", "Deploy at 5pm.", "ok", "No, use port 8080 on db-2 instead."]
+)
+async def test_summary_is_never_larger_than_a_tiny_source(content: str) -> None:
+    messages = msgs(("user", content))
+    text = (await ExtractiveSummarizer().summarize(messages, 400)).text
+    source = source_tokens(messages)
+    assert COUNTER.count(text) < source or (source < 2 and COUNTER.count(text) <= source)
+
+
+_WORDS = st.sampled_from(
+    ["deploy", "Postgres", "at", "5pm", "the", "ok", "thanks", "/srv/app.py", "https://x.io/a", "camelCase",
+     "config_value", "東京", "Ünïcode", "😅", "lol", "we'll", "never", "2026-01-05", "10:30", "and", "cache"]
+)  # fmt: skip
+_TEXT = st.one_of(
+    st.text(max_size=400),
+    st.lists(_WORDS, max_size=80).map(" ".join),
+    st.lists(
+        st.tuples(st.lists(_WORDS, min_size=1, max_size=12).map(" ".join), st.sampled_from(".!?\n。"))
+    ).map(lambda parts: " ".join(words + end for words, end in parts)),
+)
+_MESSAGES = st.lists(
+    st.builds(
+        SummaryInput,
+        sequence=st.integers(0, 10_000),
+        role=st.sampled_from(ROLES),
+        content=_TEXT,
+        timestamp=st.just(T0),
+        name=st.one_of(st.none(), st.sampled_from(["alice", "bob-2"])),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=_MESSAGES, target=st.integers(20, 400))
+def test_summary_always_fits_target_and_never_inflates(messages: list[SummaryInput], target: int) -> None:
+    summarizer = ExtractiveSummarizer(COUNTER)
+    text = asyncio.run(summarizer.summarize(messages, target)).text
+    tokens = COUNTER.count(text)
+    source = source_tokens(messages)
+    assert tokens <= target
+    if source >= 2:
+        assert tokens < source
+    assert_no_invented_words(text, [m.content for m in messages], prefixes_of(messages))
+    assert asyncio.run(summarizer.summarize(messages, target)).text == text
+
+
+def piece(text: str, start: datetime, minutes: int, first: int = 0) -> SummaryPiece:
+    return SummaryPiece(
+        text=text,
+        first_sequence=first,
+        last_sequence=first + 9,
+        started_at=start,
+        ended_at=start + timedelta(minutes=minutes),
+    )
+
+
+def three_pieces() -> list[SummaryPiece]:
+    return [
+        piece(
+            "Topic: billing, Postgres, migration\n"
+            "User: Migrate billing from MySQL to Postgres before March 3.\n"
+            "Assistant: pgloader can convert the schema.\n"
+            "User: Keep the replica for 2 weeks because finance needs reports.",
+            T0,
+            42,
+        ),
+        piece(
+            "User: The office wifi password rotates every Monday.\nAssistant: I will remind you on Mondays.",
+            T0 + timedelta(days=1, hours=3),
+            15,
+            10,
+        ),
+        piece(
+            "- The team agreed to freeze deploys during the holidays.\n"
+            "- Rollback plan lives in /ops/runbooks/rollback.md and needs review.\n"
+            "- Carol owns the on-call rota from 2026-01-20.",
+            T0 + timedelta(days=2),
+            90,
+            20,
+        ),
+    ]
+
+
+async def test_merge_heads_each_piece_with_its_utc_date_range() -> None:
+    pieces = three_pieces()
+    text = (await ExtractiveSummarizer().merge(pieces, 150)).text
+    assert COUNTER.count(text) <= 150
+    headers = ["[2026-01-05 10:00–10:42]", "[2026-01-06 13:00–13:15]", "[2026-01-07 10:00–11:30]"]
+    positions = [text.index(h) for h in headers]
+    assert positions == sorted(positions)
+    # Each piece keeps at least its best line, under its own header.
+    blocks = text.split("\n[")
+    assert "Postgres" in blocks[0] and "wifi" in blocks[1] and "/ops/runbooks/rollback.md" in blocks[2]
+    assert_no_invented_words(text, [p.text for p in pieces], {"User: ", "Assistant: ", "Topic: ", "- "})
+
+
+async def test_merge_gives_a_small_piece_a_line_next_to_a_huge_one() -> None:
+    big = "\n".join(f"User: Service number {i} runs on port {8000 + i} in rack_{i}." for i in range(200))
+    pieces = [
+        piece(big, T0, 60),
+        piece("User: Renew the TLS certificate by Friday.", T0 + timedelta(days=3), 5),
+    ]
+    text = (await ExtractiveSummarizer().merge(pieces, 120)).text
+    assert COUNTER.count(text) <= 120
+    assert "Renew the TLS certificate by Friday." in text
+    assert "[2026-01-08 10:00–10:05]" in text
+
+
+async def test_merge_date_range_spanning_midnight_and_other_timezones() -> None:
+    cet = timezone(timedelta(hours=1))
+    first = (
+        "User: Upgrade the kernel on db-1 tonight.\n"
+        "Assistant: I will schedule the reboot for 01:00 and warn the ops channel first.\n"
+        "User: Make sure the replicas on db-2 and db-3 are drained before that."
+    )
+    second = (
+        "User: Rotate the API keys for the staging cluster.\n"
+        "Assistant: Keys rotated; the old ones expire in 24h and CI was updated.\n"
+        "User: Please also revoke the key that was leaked in ticket OPS-1234."
+    )
+    pieces = [
+        piece(first, datetime(2026, 1, 5, 23, 30, tzinfo=UTC), 40),
+        piece(second, datetime(2026, 1, 9, 9, 0, tzinfo=cet), 10),
+    ]
+    text = (await ExtractiveSummarizer().merge(pieces, 100)).text
+    assert "[2026-01-05 23:30–2026-01-06 00:10]" in text
+    assert "[2026-01-09 08:00–08:10]" in text
+
+
+async def test_merge_with_no_room_for_headers_still_fits() -> None:
+    pieces = [piece(f"User: Fact number {i} is that server_{i} needs a reboot.", T0, 5, i) for i in range(30)]
+    target = 40
+    text = (await ExtractiveSummarizer().merge(pieces, target)).text
+    assert 0 < COUNTER.count(text) <= target
+    assert text.count("[2026-") <= 1  # one header for the whole span at most, not one per piece
+
+
+async def test_merge_is_deterministic() -> None:
+    first = (await ExtractiveSummarizer().merge(three_pieces(), 70)).text
+    second = (await ExtractiveSummarizer().merge(three_pieces(), 70)).text
+    assert first == second
+
+
+_PIECES = st.lists(
+    st.builds(
+        piece,
+        text=_TEXT,
+        start=st.datetimes(
+            min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+        ),
+        minutes=st.integers(0, 5000),
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pieces=_PIECES, target=st.integers(20, 400))
+def test_merge_always_fits_target_and_never_inflates(pieces: list[SummaryPiece], target: int) -> None:
+    text = asyncio.run(ExtractiveSummarizer(COUNTER).merge(pieces, target)).text
+    tokens = COUNTER.count(text)
+    source = sum(COUNTER.count(p.text) for p in pieces)
+    assert tokens <= target
+    if source >= 2:
+        assert tokens < source
+    assert_no_invented_words(text, [p.text for p in pieces], set(), keyword_line=False)

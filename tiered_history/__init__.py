@@ -1,0 +1,65 @@
+"""tiered-history: keep long chatbot conversations inside an LLM's context window.
+
+The current topic verbatim, summaries of earlier topics and bulk archives of the
+oldest ones, within an exact token budget; nothing stored is ever changed or lost.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    BudgetTooSmallError,
+    ConfigurationError,
+    ConversationNotFoundError,
+    InvalidConversationIdError,
+    InvalidMessageError,
+    SchemaError,
+    StoreError,
+    SummarizerError,
+    TieredHistoryError,
+    TransientStoreError,
+)
+from .models import (
+    CompressedContext,
+    ConversationStats,
+    History,
+    Message,
+    StoredMessage,
+    Summary,
+)
+from .service import HistoryCompressor, MaintenanceReport
+from .settings import Settings
+from .summarizers import ExtractiveSummarizer, Summarizer, SummaryInput, SummaryPiece, SummaryResult
+from .sync import SyncHistoryCompressor
+from .tokens import TokenCounter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetTooSmallError",
+    "CompressedContext",
+    "ConfigurationError",
+    "ConversationNotFoundError",
+    "ConversationStats",
+    "ExtractiveSummarizer",
+    "History",
+    "HistoryCompressor",
+    "InvalidConversationIdError",
+    "InvalidMessageError",
+    "MaintenanceReport",
+    "Message",
+    "SchemaError",
+    "Settings",
+    "StoreError",
+    "StoredMessage",
+    "Summarizer",
+    "SummarizerError",
+    "Summary",
+    "SummaryInput",
+    "SummaryPiece",
+    "SummaryResult",
+    "SyncHistoryCompressor",
+    "TieredHistoryError",
+    "TokenCounter",
+    "TransientStoreError",
+    "__version__",
+]

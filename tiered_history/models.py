@@ -1,0 +1,291 @@
+"""Public data types: what users pass in and what they get back."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InvalidConversationIdError, InvalidMessageError
+
+Role = Literal["system", "user", "assistant", "tool"]
+Tier = Literal["message", "topic", "bulk"]
+
+#: Longest conversation id accepted (it is a primary key on every backend).
+MAX_CONVERSATION_ID_LENGTH = 255
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(value: str, what: str) -> str:
+    if "\x00" in value:
+        raise ValueError(f"{what} contains a NUL byte, which PostgreSQL cannot store")
+    if _SURROGATE_RE.search(value):
+        raise ValueError(f"{what} contains a lone UTF-16 surrogate, which is not valid Unicode text")
+    return value
+
+
+def validate_conversation_id(conversation_id: object) -> str:
+    """Return the id unchanged if it is usable, else raise :class:`InvalidConversationIdError`."""
+    if not isinstance(conversation_id, str):
+        raise InvalidConversationIdError(
+            f"conversation id must be a string, not {type(conversation_id).__name__}"
+        )
+    if not conversation_id.strip():
+        raise InvalidConversationIdError("conversation id must not be empty or whitespace")
+    if len(conversation_id) > MAX_CONVERSATION_ID_LENGTH:
+        raise InvalidConversationIdError(
+            f"conversation id is {len(conversation_id)} characters long; "
+            f"the maximum is {MAX_CONVERSATION_ID_LENGTH}"
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in conversation_id):
+        raise InvalidConversationIdError("conversation id must not contain control characters")
+    try:
+        _check_text(conversation_id, "conversation id")
+    except ValueError as exc:
+        raise InvalidConversationIdError(str(exc)) from None
+    return conversation_id
+
+
+class Message(BaseModel):
+    """One chat message, in OpenAI's shape plus ``pinned``, ``timestamp`` and ``metadata``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Role
+    content: str = ""
+    name: str | None = None
+    timestamp: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    pinned: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("content")
+    @classmethod
+    def _content_text(cls, v: str) -> str:
+        return _check_text(v, "content")
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME_RE.match(v):
+            raise ValueError("name must be 1-64 characters of letters, digits, '_' or '-' (OpenAI's rule)")
+        return v
+
+    @field_validator("timestamp")
+    @classmethod
+    def _aware(cls, v: datetime) -> datetime:
+        if v.tzinfo is None or v.tzinfo.utcoffset(v) is None:
+            raise ValueError("timestamp must be timezone-aware (for example datetime.now(UTC))")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _json_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            _check_text(json.dumps(v), "metadata")
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"metadata must be JSON-serialisable text: {exc}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Message:
+        if self.tool_calls is not None:
+            if self.role != "assistant":
+                raise ValueError("only assistant messages may carry tool_calls")
+            if not self.tool_calls:
+                raise ValueError("tool_calls must not be an empty list (omit it instead)")
+            seen: set[str] = set()
+            for call in self.tool_calls:
+                cid = call.get("id")
+                fn = call.get("function")
+                if not isinstance(cid, str) or not cid:
+                    raise ValueError("every tool call needs a non-empty string 'id'")
+                if cid in seen:
+                    raise ValueError(f"tool call id {cid!r} appears twice")
+                seen.add(cid)
+                if call.get("type", "function") != "function" or not isinstance(fn, Mapping):
+                    raise ValueError("tool calls must be {'id', 'type': 'function', 'function': {...}}")
+                if not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments", ""), str):
+                    raise ValueError("a tool call's function needs a string 'name' and string 'arguments'")
+                _check_text(json.dumps(call), "tool call")
+        if self.role == "tool":
+            if not self.tool_call_id:
+                raise ValueError("tool messages need the tool_call_id of the call they answer")
+        elif self.tool_call_id is not None:
+            raise ValueError("only tool messages may carry tool_call_id")
+        if self.pinned and (self.role == "tool" or self.tool_calls):
+            raise ValueError("tool calls and tool results cannot be pinned")
+        if not self.content.strip() and not self.tool_calls:
+            raise ValueError("content must not be empty")
+        return self
+
+    @classmethod
+    def parse(cls, data: Message | Mapping[str, Any]) -> Message:
+        """Build a message from a dict (OpenAI format), raising :class:`InvalidMessageError`."""
+        if isinstance(data, Message):
+            return data
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "message"
+            raise InvalidMessageError(f"invalid message ({where}): {first.get('msg')}") from None
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls is not None:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message as stored: never changed after it is written."""
+
+    conversation_id: str
+    sequence: int
+    role: Role
+    content: str
+    timestamp: datetime
+    token_count: int
+    """Framed tokens of the message as it appears in a context (head + tail if it is large)."""
+    full_token_count: int
+    """Framed tokens of the full original message."""
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    pinned: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+    truncated_content: str | None = None
+    """What the context shows instead of ``content`` when the message exceeds ``max_message_chars``."""
+
+    @property
+    def context_content(self) -> str:
+        return self.truncated_content if self.truncated_content is not None else self.content
+
+    def to_openai(self, content: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "role": self.role,
+            "content": self.context_content if content is None else content,
+        }
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls is not None:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+SummaryStatus = Literal["pending", "provisional", "final"]
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A topic summary (tier ``topic``) or a bulk archive (tier ``bulk``)."""
+
+    id: int
+    conversation_id: str
+    tier: Literal["topic", "bulk"]
+    sequence: int
+    """Ordinal of the topic or archive within its conversation and tier (1, 2, ...)."""
+    first_sequence: int
+    last_sequence: int
+    """The range of message sequences this row covers (inclusive)."""
+    content: str
+    """The summary text (empty while pending)."""
+    rendered: str
+    """The message content sent to the model: a delimited, dated block of earlier-conversation data."""
+    token_count: int
+    """Framed tokens of the rendered message."""
+    source_tokens: int
+    """Framed tokens of the original messages this row represents."""
+    started_at: datetime
+    ended_at: datetime
+    status: SummaryStatus
+    sealed_at: datetime | None = None
+    sealed_reason: str | None = None
+    summarizer: str | None = None
+    model: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    latency_ms: float = 0.0
+    attempts: int = 0
+    merged_into: int | None = None
+    dropped_at: datetime | None = None
+    created_at: datetime | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        # Earlier-conversation data goes in as a user turn, never as a system instruction.
+        return {"role": "user", "content": self.rendered}
+
+
+@dataclass(frozen=True, slots=True)
+class CompressedContext:
+    """What to send to the model, within ``max_tokens``."""
+
+    conversation_id: str
+    max_tokens: int
+    pinned: list[StoredMessage]
+    bulk_archives: list[Summary]
+    historical_topics: list[Summary]
+    current_topic: list[StoredMessage]
+    total_tokens: int
+    compression_ratio: float
+    tier_tokens: dict[str, int]
+    """Framed tokens used by each tier: pinned, bulk, topic, current, framing."""
+    allocation: dict[str, int]
+    """Tokens each tier was allotted before redistribution."""
+    omitted_messages: int = 0
+    """Uncovered messages that did not fit (newest-first cut); they are still stored."""
+    truncated_newest: bool = False
+
+    def to_messages(self) -> list[dict[str, Any]]:
+        """OpenAI chat-format dicts in chronological order, ready for litellm or openai."""
+        out: list[dict[str, Any]] = [m.to_openai() for m in self.pinned]
+        out.extend(s.to_openai() for s in self.bulk_archives)
+        out.extend(s.to_openai() for s in self.historical_topics)
+        out.extend(m.to_openai() for m in self.current_topic)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """Every tier of a conversation, for inspection: nothing is hidden, dropped archives included."""
+
+    conversation_id: str
+    platform: str | None
+    messages: list[StoredMessage]
+    topics: list[Summary]
+    archives: list[Summary]
+    open_topic_start: int
+    """Sequence where the open (unsealed) topic starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationStats:
+    conversation_id: str
+    platform: str | None
+    messages: int
+    message_tokens: int
+    topics: int
+    topics_pending: int
+    archives: int
+    archives_dropped: int
+    tier_tokens: dict[str, int]
+    compressions: int
+    summarizer_prompt_tokens: int
+    summarizer_completion_tokens: int
+    summarizer_cost: float

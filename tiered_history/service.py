@@ -1,0 +1,512 @@
+"""``HistoryCompressor``: the thin async service bots call on every reply.
+
+It validates input, counts tokens once, and delegates: boundary rules and context
+assembly to the pure core, persistence to a store, summaries to a summariser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .core import escalation
+from .core.assembly import Shares, assemble
+from .core.boundaries import MANUAL, BoundaryRules, OpenTopic, decide
+from .core.budget import check_max_tokens, topic_size_limit
+from .core.render import render_summary
+from .core.truncation import head_tail
+from .errors import ConfigurationError, InvalidMessageError
+from .models import (
+    CompressedContext,
+    ConversationStats,
+    History,
+    Message,
+    StoredMessage,
+    Summary,
+    validate_conversation_id,
+)
+from .settings import Settings
+from .store.base import LeaseLostError, PreparedMessage, Store, SummaryWrite
+from .summarizers import ExtractiveSummarizer, Summarizer, SummaryInput, SummaryPiece, build_summarizer
+from .tokens import REPLY_PRIMING_TOKENS, TokenCounter
+
+log = logging.getLogger("tiered_history")
+
+#: Summaries longer than this multiple of their target are treated as garbage.
+_MAX_OVERSHOOT = 1.5
+
+
+@dataclass
+class MaintenanceReport:
+    """What one ``maintain()`` call did."""
+
+    conversations: int = 0
+    sealed: int = 0
+    summarized: int = 0
+    provisional: int = 0
+    merged: int = 0
+    dropped: int = 0
+    lease_lost: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _open_store(target: str | AsyncEngine | sa.Engine | Store, settings: Settings, encoding: str) -> Store:
+    if isinstance(target, str):
+        if target.startswith("memory://"):
+            from .store.memory import MemoryStore
+
+            return MemoryStore()
+        from .store.sql import SQLStore
+
+        return SQLStore(target, encoding=encoding)
+    if isinstance(target, AsyncEngine):
+        from .store.sql import SQLStore
+
+        return SQLStore(target, encoding=encoding)
+    if isinstance(target, sa.Engine):
+        raise ConfigurationError(
+            "pass an AsyncEngine (sqlalchemy.ext.asyncio.create_async_engine) or a URL; "
+            "a blocking Engine cannot serve the async compressor"
+        )
+    return target
+
+
+class HistoryCompressor:
+    """Stores conversations and answers ``get_context`` within a token budget.
+
+    ``target`` is a database URL (``sqlite:///history.db``, ``sqlite://``,
+    ``postgresql://user@host/db``, ``memory://``), an ``AsyncEngine`` you own (it
+    is not disposed on close) or a store object.
+    """
+
+    def __init__(
+        self,
+        target: str | AsyncEngine | Store | None = None,
+        *,
+        settings: Settings | None = None,
+        summarizer: Summarizer | None = None,
+        **overrides: Any,
+    ) -> None:
+        if settings is None:
+            settings = Settings.load(**overrides)
+        elif overrides:
+            settings = Settings.load(**{**settings.model_dump(), **overrides})
+        self.settings = settings
+        self.counter = TokenCounter(settings.model)
+        url = target if target is not None else settings.database_url or "sqlite:///tiered_history.db"
+        self.store: Store = _open_store(url, settings, self.counter.encoding_name)
+        self.fallback = ExtractiveSummarizer(self.counter)
+        self.summarizer: Summarizer = summarizer or build_summarizer(settings.summarizer, self.counter)
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        s = settings
+        self._rules = BoundaryRules(
+            explicit=s.boundaries.explicit,
+            temporal=s.boundaries.temporal,
+            size=s.boundaries.size,
+            phrases=tuple(s.boundaries.trigger_phrases),
+            trigger_roles=tuple(s.boundaries.trigger_roles),
+            silence=timedelta(minutes=s.silence_minutes),
+            size_limit=topic_size_limit(s.context_budget, s.tiers.current_topic, s.token_threshold),
+        )
+        self._shares = Shares(
+            s.tiers.current_topic, s.tiers.topic_summaries, s.tiers.bulk_archives, s.redistribute_unused
+        )
+        self._initialized = False
+        self._init_lock = asyncio.Lock()
+        self._background: Any = None
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        summarizer: Summarizer | None = None,
+        **overrides: Any,
+    ) -> HistoryCompressor:
+        return cls(url, settings=settings, summarizer=summarizer, **overrides)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def initialize(self) -> None:
+        """Create or upgrade the schema (runs the Alembic migrations). Called on first use."""
+        async with self._init_lock:
+            if not self._initialized:
+                await self.store.initialize()
+                self._initialized = True
+
+    async def _ready(self) -> None:
+        if not self._initialized:
+            await self.initialize()
+
+    async def close(self) -> None:
+        await self.stop_background()
+        await self.store.close()
+
+    async def __aenter__(self) -> HistoryCompressor:
+        await self.initialize()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- the reply path -------------------------------------------------------------------
+
+    def prepare(self, message: Message | Mapping[str, Any]) -> PreparedMessage:
+        """Validate a message and count its tokens (once, before it is stored)."""
+        msg = Message.parse(message)
+        if len(msg.content) > self.settings.max_content_chars:
+            raise InvalidMessageError(
+                f"content is {len(msg.content)} characters long; the maximum is "
+                f"{self.settings.max_content_chars} (setting max_content_chars)"
+            )
+        wire = msg.to_openai()
+        full = self.counter.message_tokens(wire)
+        shown = head_tail(msg.content, self.settings.max_message_chars)
+        tokens = full if shown is None else self.counter.message_tokens({**wire, "content": shown})
+        return PreparedMessage(msg, tokens, full, shown)
+
+    def _policy(self, topic: OpenTopic, prepared: PreparedMessage) -> str | None:
+        m = prepared.message
+        return decide(self._rules, topic, m.role, m.content, m.timestamp, prepared.token_count)
+
+    async def add_message(
+        self, conversation_id: str, message: Message | Mapping[str, Any], *, platform: str | None = None
+    ) -> StoredMessage:
+        """Store one message (with its exact token count). Seals the open topic on a boundary."""
+        validate_conversation_id(conversation_id)
+        if platform is not None and (
+            not isinstance(platform, str) or not platform.strip() or len(platform) > 64
+        ):
+            raise InvalidMessageError("platform must be a non-empty string of at most 64 characters")
+        prepared = self.prepare(message)
+        await self._ready()
+        stored, sealed = await self.store.append(
+            conversation_id, platform, prepared, self._policy, datetime.now(UTC)
+        )
+        if sealed is not None and self.settings.summarize_inline:
+            await self.maintain(conversation_id)
+        return stored
+
+    async def get_context(self, conversation_id: str, max_tokens: int | None = None) -> CompressedContext:
+        """What to send to the model: never more than ``max_tokens`` tokens, framing included."""
+        validate_conversation_id(conversation_id)
+        if max_tokens is None:
+            max_tokens = self.default_max_tokens()
+        check_max_tokens(max_tokens)
+        await self._ready()
+        rows = await self.store.read_context(conversation_id, max_tokens)
+        return assemble(
+            conversation_id=conversation_id,
+            max_tokens=max_tokens,
+            shares=self._shares,
+            counter=self.counter,
+            pinned=rows.pinned,
+            verbatim=rows.verbatim,
+            topics=[t for t in rows.topics if t.rendered],
+            archives=[a for a in rows.archives if a.rendered],
+            newest_sequence=rows.state.last_sequence or None,
+            uncovered_total=rows.state.last_sequence - rows.state.summarized_upto,
+        )
+
+    def default_max_tokens(self) -> int:
+        """The model's input window (from litellm) minus ``reserve_output_tokens``, else ``context_budget``."""
+        from .modelinfo import input_window
+
+        window = input_window(self.settings.model)
+        if window is None:
+            return self.settings.context_budget
+        return max(window - self.settings.reserve_output_tokens, 1)
+
+    async def seal_current_topic(self, conversation_id: str) -> Summary | None:
+        """Close the open topic now; it is summarised by the next ``maintain()``."""
+        validate_conversation_id(conversation_id)
+        await self._ready()
+        sealed = await self.store.seal(conversation_id, MANUAL, datetime.now(UTC))
+        if sealed is not None and self.settings.summarize_inline:
+            await self.maintain(conversation_id)
+        return sealed
+
+    async def get_history(self, conversation_id: str) -> History:
+        """Every message, topic summary and archive (dropped ones included)."""
+        validate_conversation_id(conversation_id)
+        await self._ready()
+        return await self.store.history(conversation_id)
+
+    async def search(self, conversation_id: str, text: str, limit: int = 20) -> list[StoredMessage]:
+        """Stored messages containing ``text`` (case-insensitive), newest first."""
+        validate_conversation_id(conversation_id)
+        if not text:
+            raise InvalidMessageError("search text must not be empty")
+        await self._ready()
+        return await self.store.search(conversation_id, text, max(1, min(limit, 1000)))
+
+    async def stats(self, conversation_id: str | None = None) -> list[ConversationStats]:
+        if conversation_id is not None:
+            validate_conversation_id(conversation_id)
+        await self._ready()
+        return await self.store.stats(conversation_id)
+
+    async def conversation_ids(self) -> list[str]:
+        await self._ready()
+        return await self.store.conversation_ids()
+
+    # -- background work ------------------------------------------------------------------
+
+    async def maintain(
+        self, conversation_id: str | None = None, now: datetime | None = None
+    ) -> MaintenanceReport:
+        """Do all pending compression work now: seal silent topics, summarise, merge, drop, retry.
+
+        Safe to run from many workers at once: each conversation is leased to one of them.
+        """
+        if conversation_id is not None:
+            validate_conversation_id(conversation_id)
+        await self._ready()
+        report = MaintenanceReport()
+        seen: set[str] = set()
+        batch = 16
+        while True:
+            at = now or datetime.now(UTC)
+            silence_before = (
+                at - timedelta(minutes=self.settings.silence_minutes)
+                if self.settings.boundaries.temporal
+                else None
+            )
+            claimed = await self.store.claim(
+                self.worker_id, at, self.settings.lease_seconds, silence_before, conversation_id, batch
+            )
+            fresh = [c for c in claimed if c.id not in seen]
+            for state in claimed:
+                if state.id in seen:
+                    await self.store.release(
+                        self.worker_id, state.id, state.needs_maintenance, state.next_retry_at
+                    )
+            for state in fresh:
+                seen.add(state.id)
+                report.conversations += 1
+                await self._compact(state.id, at, silence_before, report)
+            if conversation_id is not None or len(claimed) < batch or not fresh:
+                return report
+
+    async def _compact(
+        self, cid: str, now: datetime, silence_before: datetime | None, report: MaintenanceReport
+    ) -> None:
+        owner = self.worker_id
+        s = self.settings
+        next_retry: datetime | None = None
+        try:
+            if silence_before is not None and await self.store.seal_if_silent(
+                owner, cid, silence_before, now
+            ):
+                report.sealed += 1
+            for topic in await self.store.topics_to_summarize(cid, now, s.summary_max_attempts):
+                await self._renew(cid)
+                write = await self._summarize_topic(topic, now)
+                if await self.store.save_topic_summary(owner, topic, write, now):
+                    report.summarized += 1
+                    report.provisional += write.status == "provisional"
+            avail = s.context_budget - REPLY_PRIMING_TOKENS
+            topic_share = int(avail * s.tiers.topic_summaries)
+            bulk_share = int(avail * s.tiers.bulk_archives)
+            while True:
+                active = await self.store.active_summaries(cid, "topic")
+                ids = escalation.next_merge(
+                    [escalation.Item(t.id, t.token_count) for t in active], topic_share, s.bulk_merge_size
+                )
+                if not ids:
+                    break
+                group = [t for t in active if t.id in ids]
+                await self._renew(cid)
+                write = await self._merge(group)
+                if await self.store.save_archive(owner, cid, group, write, now) is None:
+                    break
+                report.merged += 1
+            archives = await self.store.active_summaries(cid, "bulk")
+            drop = escalation.archives_to_drop(
+                [escalation.Item(a.id, a.token_count) for a in archives], bulk_share
+            )
+            if drop:
+                report.dropped += await self.store.drop_archives(owner, cid, drop, now)
+            next_retry = await self.store.next_retry(cid, s.summary_max_attempts)
+        except LeaseLostError:
+            report.lease_lost += 1
+            log.warning("lease on %s was taken over by another worker; stopping this pass", cid)
+            return
+        except Exception as exc:
+            # Keep other conversations going; the flag stays set so the work is retried.
+            log.exception("maintenance of %s failed", cid)
+            report.errors.append(f"{cid}: {exc}")
+            await self.store.release(owner, cid, True, now + timedelta(seconds=s.retry_backoff_seconds))
+            return
+        await self.store.release(owner, cid, next_retry is not None, next_retry)
+
+    async def _renew(self, cid: str) -> None:
+        until = datetime.now(UTC) + timedelta(seconds=self.settings.lease_seconds)
+        if not await self.store.renew(self.worker_id, cid, until):
+            raise LeaseLostError(cid)
+
+    def _write(
+        self,
+        tier: str,
+        text: str,
+        status: str,
+        first: int,
+        last: int,
+        started: datetime,
+        ended: datetime,
+        result: Any = None,
+        error: str | None = None,
+        next_attempt_at: datetime | None = None,
+    ) -> SummaryWrite:
+        rendered = render_summary(tier, text, first, last, started, ended) if text.strip() else ""
+        tokens = self.counter.message_tokens({"role": "user", "content": rendered}) if rendered else 0
+        return SummaryWrite(
+            content=text,
+            rendered=rendered,
+            token_count=tokens,
+            status=status,
+            summarizer=getattr(result, "summarizer", "extractive"),
+            model=getattr(result, "model", None),
+            prompt_tokens=getattr(result, "prompt_tokens", 0),
+            completion_tokens=getattr(result, "completion_tokens", 0),
+            cost=getattr(result, "cost", 0.0),
+            latency_ms=getattr(result, "latency_ms", 0.0),
+            next_attempt_at=next_attempt_at,
+            last_error=error,
+        )
+
+    async def _call(self, coro: Any) -> Any:
+        return await asyncio.wait_for(coro, timeout=self.settings.summarizer.timeout)
+
+    def _acceptable(self, text: Any, source_tokens: int, target: int) -> str | None:
+        """Why a summariser's text is rejected, or None if it is usable."""
+        if not isinstance(text, str) or not text.strip():
+            return "empty summary"
+        n = self.counter.count(text)
+        if not escalation.accept_summary(n, source_tokens):
+            return f"summary ({n} tokens) is not smaller than its source ({source_tokens} tokens)"
+        if n > target * _MAX_OVERSHOOT:
+            return f"summary ({n} tokens) is far over its target ({target} tokens)"
+        return None
+
+    async def _summarize_topic(self, topic: Summary, now: datetime) -> SummaryWrite:
+        s = self.settings
+        msgs = await self.store.topic_messages(
+            topic.conversation_id, topic.first_sequence, topic.last_sequence
+        )
+        args = (topic.first_sequence, topic.last_sequence, topic.started_at, topic.ended_at)
+        if not msgs:  # only pinned messages: they are always sent verbatim anyway
+            return self._write("topic", "", "final", *args)
+        source = sum(m.full_token_count for m in msgs)
+        target = s.topic_summary_tokens
+        transcript = "\n".join(f"{_speaker(m)}: {m.content}" for m in msgs)
+        if source <= target and self.counter.count(transcript) < source:
+            # Small topics fit whole: keep them word for word, with no summariser call.
+            return self._write("topic", transcript, "final", *args, result=_Verbatim())
+        inputs = [SummaryInput(m.sequence, m.role, m.content, m.timestamp, m.name) for m in msgs]
+        error: str | None = None
+        if not isinstance(self.summarizer, ExtractiveSummarizer):
+            try:
+                result = await self._call(self.summarizer.summarize(inputs, target))
+                error = self._acceptable(result.text, source, target)
+                if error is None:
+                    return self._write("topic", result.text.strip(), "final", *args, result=result)
+            except Exception as exc:  # the LLM may fail in any way; we fall back, never lose data
+                error = f"{type(exc).__name__}: {exc}"[:500]
+            log.warning("summariser failed for %s topic %s: %s", topic.conversation_id, topic.sequence, error)
+        if topic.status == "provisional":
+            # A retry that failed again: keep the existing extractive text, just record the attempt.
+            retry_at = now + timedelta(
+                seconds=escalation.retry_delay(topic.attempts + 1, s.retry_backoff_seconds)
+            )
+            return SummaryWrite(
+                content=topic.content,
+                rendered=topic.rendered,
+                token_count=topic.token_count,
+                status="provisional" if topic.attempts + 1 < s.summary_max_attempts else "final",
+                summarizer=topic.summarizer or "extractive",
+                next_attempt_at=retry_at,
+                last_error=error,
+            )
+        fb = await self.fallback.summarize(inputs, max(min(target, source - 1), 1))
+        provisional = error is not None
+        retry_at = (
+            now + timedelta(seconds=escalation.retry_delay(1, s.retry_backoff_seconds))
+            if provisional
+            else None
+        )
+        status = "provisional" if provisional and s.summary_max_attempts > 1 else "final"
+        return self._write("topic", fb.text, status, *args, result=fb, error=error, next_attempt_at=retry_at)
+
+    async def _merge(self, topics: Sequence[Summary]) -> SummaryWrite:
+        s = self.settings
+        pieces = [
+            SummaryPiece(t.content, t.first_sequence, t.last_sequence, t.started_at, t.ended_at)
+            for t in topics
+        ]
+        args = (
+            topics[0].first_sequence,
+            topics[-1].last_sequence,
+            min(t.started_at for t in topics),
+            max(t.ended_at for t in topics),
+        )
+        source = sum(self.counter.count(t.content) for t in topics)
+        target = s.bulk_summary_tokens
+        error: str | None = None
+        if not isinstance(self.summarizer, ExtractiveSummarizer):
+            try:
+                result = await self._call(self.summarizer.merge(pieces, target))
+                error = self._acceptable(result.text, source, target)
+                if error is None:
+                    return self._write("bulk", result.text.strip(), "final", *args, result=result)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"[:500]
+            log.warning("summariser merge failed for %s: %s", topics[0].conversation_id, error)
+        fb = await self.fallback.merge(pieces, max(min(target, source - 1), 1))
+        return self._write("bulk", fb.text, "final", *args, result=fb, error=error)
+
+    # -- background scheduling (APScheduler) ------------------------------------------------
+
+    async def start_background(self, interval_seconds: float | None = None) -> None:
+        """Run ``maintain()`` every ``maintenance_interval_seconds`` inside this event loop."""
+        from .scheduler import BackgroundMaintenance
+
+        if self._background is None:
+            await self._ready()
+            self._background = BackgroundMaintenance(
+                self, interval_seconds or self.settings.maintenance_interval_seconds
+            )
+            self._background.start()
+
+    async def stop_background(self) -> None:
+        if self._background is not None:
+            await self._background.stop()
+            self._background = None
+
+
+class _Verbatim:
+    summarizer = "verbatim"
+    model = None
+    prompt_tokens = 0
+    completion_tokens = 0
+    cost = 0.0
+    latency_ms = 0.0
+
+
+def _speaker(m: StoredMessage) -> str:
+    role = {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool"}[m.role]
+    return f"{m.name} ({m.role})" if m.name else role

@@ -1,0 +1,206 @@
+"""One settings model, read from keyword arguments, ``TIERED_HISTORY_*`` variables and a YAML file.
+
+Precedence, highest first: keyword arguments, environment variables (nested keys
+joined with ``__``, e.g. ``TIERED_HISTORY_TIERS__CURRENT_TOPIC=0.6``), the YAML
+file (``config_file=`` or ``TIERED_HISTORY_CONFIG``), then the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from .errors import ConfigurationError
+
+DEFAULT_TRIGGER_PHRASES: tuple[str, ...] = (
+    "new topic",
+    "different topic",
+    "change of topic",
+    "changing the subject",
+    "change the subject",
+    "let's move on",
+    "lets move on",
+    "let us move on",
+    "moving on",
+    "on another note",
+    "on a different note",
+    "unrelated question",
+    "unrelated, but",
+    "switching gears",
+    "anyway,",
+)
+
+
+class TierShares(BaseModel):
+    """Shares of the budget for each tier; they must add up to 1."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    current_topic: float = Field(0.50, ge=0.0, le=1.0)
+    topic_summaries: float = Field(0.30, ge=0.0, le=1.0)
+    bulk_archives: float = Field(0.20, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _sum_to_one(self) -> TierShares:
+        total = self.current_topic + self.topic_summaries + self.bulk_archives
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"tier shares must add up to 1.0, they add up to {total:g}")
+        return self
+
+
+class BoundarySettings(BaseModel):
+    """Which topic-boundary rules run when a message is added."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    explicit: bool = True
+    temporal: bool = True
+    size: bool = True
+    trigger_phrases: list[str] = Field(default_factory=lambda: list(DEFAULT_TRIGGER_PHRASES))
+    trigger_roles: list[Literal["system", "user", "assistant", "tool"]] = Field(
+        default_factory=lambda: ["user"]
+    )
+
+
+class SummarizerSettings(BaseModel):
+    """Which summariser writes topic summaries and bulk archives."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["extractive", "litellm"] = "extractive"
+    model: str | None = None
+    api_base: str | None = None
+    api_key: str | None = None
+    timeout: float = Field(30.0, gt=0, le=3600)
+    max_retries: int = Field(0, ge=0, le=10)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+
+
+class Settings(BaseSettings):
+    """Every knob of tiered-history. ``config.example.yaml`` documents each key."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TIERED_HISTORY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    database_url: str | None = None
+    model: str = "cl100k_base"
+    context_budget: int = Field(8000, ge=200, le=10_000_000)
+    reserve_output_tokens: int = Field(1024, ge=0, le=1_000_000)
+    tiers: TierShares = Field(default_factory=TierShares)
+    redistribute_unused: bool = True
+    max_message_chars: int = Field(2000, ge=200, le=10_000_000)
+    max_content_chars: int = Field(1_000_000, ge=1000, le=100_000_000)
+    topic_summary_tokens: int = Field(200, ge=20, le=100_000)
+    bulk_summary_tokens: int = Field(300, ge=20, le=100_000)
+    bulk_merge_size: int = Field(3, ge=2, le=100)
+    silence_minutes: float = Field(30.0, gt=0, le=525_600)
+    token_threshold: float = Field(0.60, gt=0.0, le=1.0)
+    boundaries: BoundarySettings = Field(default_factory=BoundarySettings)
+    summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
+    summarize_inline: bool = False
+    maintenance_interval_seconds: float = Field(30.0, gt=0, le=86_400)
+    lease_seconds: float = Field(300.0, ge=1, le=86_400)
+    summary_max_attempts: int = Field(5, ge=1, le=100)
+    retry_backoff_seconds: float = Field(60.0, ge=0, le=86_400)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings)
+
+    @classmethod
+    def load(cls, config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from a YAML file, the environment and keyword overrides.
+
+        Raises :class:`ConfigurationError` naming the bad key and what is allowed.
+        """
+        path = config_file or os.environ.get("TIERED_HISTORY_CONFIG")
+        file_values: dict[str, Any] = {}
+        if path:
+            file_values = read_yaml(Path(path))
+        env_values = _env_values()
+        merged = _deep_merge(_deep_merge(file_values, env_values), overrides)
+        try:
+            # Environment values were merged above; stop pydantic-settings reading them again.
+            return cls.model_validate(merged)
+        except ValidationError as exc:
+            raise ConfigurationError(describe_validation_error(exc)) from None
+
+    @property
+    def topic_share_tokens(self) -> int:
+        return int(self.context_budget * self.tiers.topic_summaries)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigurationError(f"config file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"config file {str(path)!r} must hold a mapping of settings")
+    return data
+
+
+def _env_values() -> dict[str, Any]:
+    """``TIERED_HISTORY_*`` variables as a nested dict (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    prefix = "TIERED_HISTORY_"
+    for key, raw in os.environ.items():
+        if not key.startswith(prefix) or key == "TIERED_HISTORY_CONFIG":
+            continue
+        parts = key[len(prefix) :].lower().split("__")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError:
+            value = raw
+        if parts[0] == "database_url" or parts[-1] in {"api_key", "model", "api_base"}:
+            value = raw  # never reinterpret URLs, keys or model names
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err.get("loc", ())) or "settings"
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown setting"
+        parts.append(f"{key}: {msg}")
+    return "invalid configuration: " + "; ".join(parts)

@@ -1,0 +1,156 @@
+"""Engines, dialect capabilities (probed once) and driver-error translation."""
+
+from __future__ import annotations
+
+import re
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+
+from ..errors import ConfigurationError, StoreError, TransientStoreError
+
+#: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
+WRITE_OPTION = "tiered_history_write"
+
+_ASYNC_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+pysqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+    "postgresql+psycopg2": "postgresql+psycopg",
+    "postgresql+psycopg_async": "postgresql+psycopg",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What the database can do, decided once per engine."""
+
+    name: str
+    skip_locked: bool
+    single_connection: bool
+    """In-memory SQLite: one shared connection, so transactions are serialised in-process."""
+    retry_transient: bool
+    read_options: dict[str, Any]
+    write_options: dict[str, Any]
+
+    def insert(self, table: sa.Table) -> Any:
+        """An INSERT that supports ``on_conflict_do_nothing`` on this dialect."""
+        return postgresql.insert(table) if self.name == "postgresql" else sqlite.insert(table)
+
+
+def async_url(url: str) -> sa.URL:
+    """Turn a plain URL into one with an async driver, or raise :class:`ConfigurationError`."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise ConfigurationError(
+            f"invalid database URL {url!r}: expected sqlite:///path, sqlite:// or postgresql://user@host/db"
+        ) from None
+    driver = _ASYNC_DRIVERS.get(parsed.drivername)
+    if driver is None:
+        raise ConfigurationError(
+            f"unsupported database {parsed.drivername!r} in URL: use sqlite:///path or postgresql://..."
+        )
+    return parsed.set(drivername=driver)
+
+
+def create_engine(url: str) -> AsyncEngine:
+    """Create an engine for a plain URL; callers that pass their own engine keep ownership of it."""
+    parsed = async_url(url)
+    kwargs: dict[str, Any] = {}
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            kwargs["poolclass"] = StaticPool
+        kwargs["connect_args"] = {"timeout": 30}
+    else:
+        kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10)
+    engine = create_async_engine(parsed, **kwargs)
+    prepare_engine(engine)
+    return engine
+
+
+_prepared: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+
+def prepare_engine(engine: AsyncEngine) -> None:
+    """Install the SQLite pragmas and transaction handling (idempotent)."""
+    sync = engine.sync_engine
+    if sync.dialect.name != "sqlite" or sync in _prepared:
+        return
+    _prepared.add(sync)
+    memory = sync.url.database in (None, "", ":memory:")
+
+    @event.listens_for(sync, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control from the driver so BEGIN IMMEDIATE works (SQLAlchemy's recipe).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        if not memory:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(sync, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        # Writers take the write lock up front: no deadlock-prone lock upgrades mid-transaction.
+        immediate = conn.get_execution_options().get(WRITE_OPTION)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def capabilities(engine: AsyncEngine) -> Capabilities:
+    dialect = engine.sync_engine.dialect
+    if dialect.name == "postgresql":
+        return Capabilities(
+            name="postgresql",
+            skip_locked=True,
+            single_connection=False,
+            retry_transient=True,
+            # One snapshot for the several reads of get_context.
+            read_options={"isolation_level": "REPEATABLE READ"},
+            write_options={},
+        )
+    if dialect.name == "sqlite":
+        return Capabilities(
+            name="sqlite",
+            skip_locked=False,
+            single_connection=engine.sync_engine.url.database in (None, "", ":memory:"),
+            retry_transient=False,
+            read_options={},
+            write_options={WRITE_OPTION: True},
+        )
+    raise ConfigurationError(f"unsupported database dialect {dialect.name!r}")
+
+
+_TRANSIENT_PG = re.compile(r"^(08|40001|40P01|57P0[123]|53300)")
+
+
+def translate(error: BaseException, action: str) -> StoreError:
+    """Turn a driver error into a library error with a clear message (no driver traceback)."""
+    orig = getattr(error, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or ""
+    detail = (
+        str(orig or error).strip().splitlines()[0] if str(orig or error).strip() else type(error).__name__
+    )
+    transient = bool(
+        (isinstance(error, exc.DBAPIError) and error.connection_invalidated)
+        or (code and _TRANSIENT_PG.match(code))
+        or isinstance(error, exc.TimeoutError)
+        or isinstance(orig, OSError)
+        or "database is locked" in detail
+        or ("connection" in detail.lower() and isinstance(error, exc.OperationalError))
+    )
+    cls = TransientStoreError if transient else StoreError
+    return cls(f"database error while {action}: {detail}")

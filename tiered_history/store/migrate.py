@@ -1,0 +1,86 @@
+"""Run the Alembic migrations programmatically, one process at a time."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ..errors import SchemaError
+
+#: Arbitrary key for PostgreSQL's advisory lock around migrations.
+_PG_LOCK_KEY = 0x7469_6572  # "tier"
+
+
+def migrations_dir() -> Path:
+    """The Alembic scripts: packaged in the wheel, or ``migrations/`` of a source checkout."""
+    packaged = Path(str(resources.files("tiered_history"))) / "_migrations"
+    if (packaged / "env.py").is_file():
+        return packaged
+    source = Path(__file__).resolve().parents[2] / "migrations"
+    if (source / "env.py").is_file():
+        return source
+    raise SchemaError("the Alembic migration scripts are missing from this installation")
+
+
+def alembic_config(url: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+@lru_cache(maxsize=1)
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise SchemaError("no migration head found")
+    return head
+
+
+def _current(conn: sa.Connection) -> str | None:
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+def _upgrade(conn: sa.Connection, target: str) -> None:
+    cfg = alembic_config()
+    cfg.attributes["connection"] = conn
+    command.upgrade(cfg, target)
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    async with engine.connect() as conn:
+        return await conn.run_sync(_current)
+
+
+async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
+    """Bring the schema to ``target``; concurrent callers wait for the first one to finish."""
+    head = head_revision()
+    if target == "head" and await current_revision(engine) == head:
+        return
+    from .dialect import WRITE_OPTION
+
+    async with engine.connect() as raw:
+        conn = await raw.execution_options(**{WRITE_OPTION: True})
+        async with conn.begin():
+            if engine.dialect.name == "postgresql":
+                await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+            # Re-check under the lock: another process may have migrated meanwhile.
+            current = await conn.run_sync(_current)
+            if current == head and target == "head":
+                return
+            known = {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+            if current is not None and current not in known:
+                raise SchemaError(
+                    f"the database schema is at revision {current!r}, which this version of "
+                    "tiered-history does not know (is the database newer than the library?)"
+                )
+            await conn.run_sync(_upgrade, target)

@@ -1,0 +1,848 @@
+"""The SQLAlchemy store: one implementation for SQLite and PostgreSQL.
+
+Dialect differences (BEGIN IMMEDIATE, SKIP LOCKED, snapshot reads, retries) are
+decided once in :mod:`.dialect`; the queries below are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import exc, func
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..errors import ConversationNotFoundError, InvalidMessageError, StoreError, TieredHistoryError
+from ..models import ConversationStats, History, StoredMessage, Summary
+from .base import (
+    BoundaryPolicy,
+    ContextRows,
+    ConversationState,
+    LeaseLostError,
+    PreparedMessage,
+    SummaryWrite,
+)
+from .dialect import Capabilities, capabilities, create_engine, prepare_engine, translate
+from .rows import to_message, to_state, to_summary
+from .schema import conversation_history as H
+from .schema import conversations as C
+
+T = TypeVar("T")
+_PAGE = 64
+_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
+
+
+class SQLStore:
+    """Store backed by SQLite or PostgreSQL through SQLAlchemy's async engine."""
+
+    def __init__(
+        self, engine: AsyncEngine | str, *, encoding: str = "cl100k_base", migrate: bool = True
+    ) -> None:
+        self._owns_engine = isinstance(engine, str)
+        self.engine = create_engine(engine) if isinstance(engine, str) else engine
+        prepare_engine(self.engine)
+        self.caps: Capabilities = capabilities(self.engine)
+        self._encoding = encoding
+        self._migrate = migrate
+        self._lock = asyncio.Lock() if self.caps.single_connection else None
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def initialize(self) -> None:
+        if self._migrate:
+            from .migrate import upgrade
+
+            try:
+                await upgrade(self.engine)
+            except TieredHistoryError:
+                raise
+            except exc.SQLAlchemyError as e:
+                raise translate(e, "migrating the schema") from None
+
+    async def close(self) -> None:
+        if self._owns_engine:
+            await self.engine.dispose()
+
+    @contextlib.asynccontextmanager
+    async def _serial(self) -> AsyncIterator[None]:
+        if self._lock is None:
+            yield
+        else:
+            async with self._lock:
+                yield
+
+    async def _tx(self, action: str, fn: Callable[[AsyncConnection], Awaitable[T]], *, write: bool) -> T:
+        """Run ``fn`` in one transaction; retry transient failures where the dialect allows."""
+        attempts = len(_RETRY_DELAYS) + 1 if self.caps.retry_transient else 1
+        for attempt in range(attempts):
+            try:
+                async with self._serial(), self.engine.connect() as raw:
+                    conn = await raw.execution_options(
+                        **(self.caps.write_options if write else self.caps.read_options)
+                    )
+                    async with conn.begin():
+                        return await fn(conn)
+            except exc.SQLAlchemyError as e:
+                err = translate(e, action)
+                if attempt + 1 < attempts and type(err).__name__ == "TransientStoreError":
+                    await asyncio.sleep(_RETRY_DELAYS[attempt])
+                    continue
+                raise err from None
+            except OSError as e:  # connection refused / reset before SQLAlchemy wrapped it
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(_RETRY_DELAYS[attempt])
+                    continue
+                raise StoreError(f"database error while {action}: {e}") from None
+        raise AssertionError("unreachable")
+
+    async def _locked_state(self, conn: AsyncConnection, conversation_id: str) -> ConversationState | None:
+        row = (
+            await conn.execute(sa.select(C).where(C.c.id == conversation_id).with_for_update())
+        ).one_or_none()
+        return None if row is None else to_state(row)
+
+    async def _fence(self, conn: AsyncConnection, owner: str, conversation_id: str) -> ConversationState:
+        """Check that ``owner`` still holds the lease, locking the conversation row."""
+        state = await self._locked_state(conn, conversation_id)
+        if state is None or state.lease_owner != owner:
+            raise LeaseLostError(conversation_id)
+        return state
+
+    # -- writing messages -----------------------------------------------------------------
+
+    async def append(
+        self,
+        conversation_id: str,
+        platform: str | None,
+        prepared: PreparedMessage,
+        policy: BoundaryPolicy,
+        now: datetime,
+    ) -> tuple[StoredMessage, Summary | None]:
+        m = prepared.message
+
+        async def run(conn: AsyncConnection) -> tuple[StoredMessage, Summary | None]:
+            await conn.execute(
+                self.caps.insert(C)
+                .values(
+                    id=conversation_id,
+                    platform=platform,
+                    encoding=self._encoding,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .on_conflict_do_nothing(index_elements=["id"])
+            )
+            state = await self._locked_state(conn, conversation_id)
+            assert state is not None
+            open_calls = list(state.open_tool_calls)
+            if m.role == "tool" and m.tool_call_id not in open_calls:
+                raise InvalidMessageError(
+                    f"tool result {m.tool_call_id!r} answers no open tool call in this conversation "
+                    "(add the assistant message with the matching tool_calls first)"
+                )
+            sealed: Summary | None = None
+            topic_start, open_tokens, open_msgs = (
+                state.topic_start_seq,
+                state.open_topic_tokens,
+                state.open_topic_messages,
+            )
+            reason = policy(state.open_topic, prepared)
+            if reason is not None:
+                sealed = await self._seal_range(conn, state, reason, now, state.last_sequence)
+                topic_start, open_tokens, open_msgs = state.last_sequence + 1, 0, 0
+            seq = state.last_sequence + 1
+            await conn.execute(
+                sa.insert(H).values(
+                    conversation_id=conversation_id,
+                    platform=platform or state.platform,
+                    tier="message",
+                    content=m.content,
+                    token_count=prepared.token_count,
+                    full_token_count=prepared.full_token_count,
+                    context_content=prepared.context_content,
+                    sequence=seq,
+                    created_at=m.timestamp,
+                    role=m.role,
+                    name=m.name,
+                    tool_calls=m.tool_calls,
+                    tool_call_id=m.tool_call_id,
+                    pinned=m.pinned,
+                    meta=m.metadata or None,
+                    stored_at=now,
+                )
+            )
+            if m.tool_calls:
+                open_calls = [str(c["id"]) for c in m.tool_calls]
+            elif m.role == "tool":
+                open_calls.remove(str(m.tool_call_id))
+            else:
+                open_calls = []  # a new turn abandons calls that never got results
+            # The last sequence a seal may end at: never between a tool call and its results.
+            last_clean: int | None = None
+            if not open_calls:
+                last_clean = seq
+            elif m.tool_calls:
+                last_clean = seq - 1
+            values: dict[str, Any] = {
+                "last_sequence": seq,
+                "last_message_at": m.timestamp
+                if state.last_message_at is None or m.timestamp > state.last_message_at
+                else state.last_message_at,
+                "topic_start_seq": topic_start,
+                "open_topic_tokens": open_tokens + (0 if m.pinned else prepared.token_count),
+                "open_topic_messages": open_msgs + 1,
+                "open_tool_calls": open_calls or None,
+                "pinned_count": state.pinned_count + int(m.pinned),
+                "updated_at": now,
+            }
+            if last_clean is not None:
+                values["last_clean_seq"] = last_clean
+            if platform and not state.platform:
+                values["platform"] = platform
+            await conn.execute(sa.update(C).where(C.c.id == conversation_id).values(**values))
+            stored = StoredMessage(
+                conversation_id=conversation_id,
+                sequence=seq,
+                role=m.role,
+                content=m.content,
+                timestamp=m.timestamp,
+                token_count=prepared.token_count,
+                full_token_count=prepared.full_token_count,
+                name=m.name,
+                tool_calls=m.tool_calls,
+                tool_call_id=m.tool_call_id,
+                pinned=m.pinned,
+                metadata=dict(m.metadata),
+                truncated_content=prepared.context_content,
+            )
+            return stored, sealed
+
+        return await self._tx("adding a message", run, write=True)
+
+    async def _seal_range(
+        self, conn: AsyncConnection, state: ConversationState, reason: str, now: datetime, upto: int
+    ) -> Summary | None:
+        """Insert a pending topic covering ``topic_start_seq..upto`` (caller holds the row lock)."""
+        first = state.topic_start_seq
+        if upto < first:
+            return None
+        cid = state.id
+        agg = (
+            await conn.execute(
+                sa.select(
+                    func.min(H.c.created_at),
+                    func.max(H.c.created_at),
+                    func.coalesce(
+                        func.sum(sa.case((H.c.pinned == sa.false(), H.c.full_token_count), else_=0)), 0
+                    ),
+                ).where(
+                    H.c.conversation_id == cid,
+                    H.c.tier == "message",
+                    H.c.sequence.between(first, upto),
+                )
+            )
+        ).one()
+        ordinal = (await conn.execute(sa.select(C.c.topic_count).where(C.c.id == cid))).scalar_one() + 1
+        values = dict(
+            conversation_id=cid,
+            platform=state.platform,
+            tier="topic",
+            content="",
+            token_count=0,
+            sequence=ordinal,
+            created_at=now,
+            sealed_at=now,
+            status="pending",
+            sealed_reason=reason,
+            first_sequence=first,
+            last_sequence=upto,
+            started_at=agg[0],
+            ended_at=agg[1],
+            source_tokens=int(agg[2]),
+            stored_at=now,
+        )
+        new_id = (await conn.execute(sa.insert(H).values(**values).returning(H.c.id))).scalar_one()
+        await conn.execute(
+            sa.update(C)
+            .where(C.c.id == cid)
+            .values(
+                topic_count=ordinal,
+                topic_start_seq=upto + 1,
+                needs_maintenance=True,
+                next_retry_at=None,
+                updated_at=now,
+            )
+        )
+        row = (await conn.execute(sa.select(H).where(H.c.id == new_id))).one()
+        return to_summary(row)
+
+    async def _seal_locked(
+        self, conn: AsyncConnection, state: ConversationState, reason: str, now: datetime
+    ) -> Summary | None:
+        """Seal up to the last message with no tool call awaiting its result."""
+        last_clean = (
+            await conn.execute(sa.select(C.c.last_clean_seq).where(C.c.id == state.id))
+        ).scalar_one()
+        upto = state.last_sequence if not state.open_tool_calls else last_clean
+        sealed = await self._seal_range(conn, state, reason, now, upto)
+        if sealed is None:
+            return None
+        rest = (
+            await conn.execute(
+                sa.select(
+                    func.count(),
+                    func.coalesce(func.sum(sa.case((H.c.pinned == sa.false(), H.c.token_count), else_=0)), 0),
+                ).where(H.c.conversation_id == state.id, H.c.tier == "message", H.c.sequence > upto)
+            )
+        ).one()
+        await conn.execute(
+            sa.update(C)
+            .where(C.c.id == state.id)
+            .values(open_topic_messages=int(rest[0]), open_topic_tokens=int(rest[1]))
+        )
+        return sealed
+
+    async def seal(self, conversation_id: str, reason: str, now: datetime) -> Summary | None:
+        async def run(conn: AsyncConnection) -> Summary | None:
+            state = await self._locked_state(conn, conversation_id)
+            if state is None:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            return await self._seal_locked(conn, state, reason, now)
+
+        return await self._tx("sealing a topic", run, write=True)
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def state(self, conversation_id: str) -> ConversationState | None:
+        async def run(conn: AsyncConnection) -> ConversationState | None:
+            row = (await conn.execute(sa.select(C).where(C.c.id == conversation_id))).one_or_none()
+            return None if row is None else to_state(row)
+
+        return await self._tx("reading a conversation", run, write=False)
+
+    async def _page_newest(
+        self, conn: AsyncConnection, query: sa.Select[Any], seq_col: Any, token_cap: int, tool_units: bool
+    ) -> list[Any]:
+        """Read rows newest-first in pages until ``token_cap`` tokens are in hand."""
+        out: list[Any] = []
+        tokens = 0
+        bound: int | None = None
+        while True:
+            q = query if bound is None else query.where(seq_col < bound)
+            rows = (await conn.execute(q.order_by(seq_col.desc()).limit(_PAGE))).all()
+            out.extend(rows)
+            tokens += sum(r.token_count for r in rows)
+            if len(rows) < _PAGE:
+                break
+            bound = rows[-1].sequence
+            # Keep reading past the cap only to complete a tool call with its results.
+            if tokens >= token_cap and not (tool_units and rows[-1].role == "tool"):
+                break
+        out.reverse()
+        return out
+
+    async def read_context(self, conversation_id: str, token_cap: int) -> ContextRows:
+        async def run(conn: AsyncConnection) -> ContextRows:
+            row = (
+                await conn.execute(
+                    sa.select(C, C.c.topics_merged_upto, C.c.archives_dropped_upto).where(
+                        C.c.id == conversation_id
+                    )
+                )
+            ).one_or_none()
+            if row is None:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            state = to_state(row)
+            is_msg = sa.and_(H.c.conversation_id == conversation_id, H.c.tier == "message")
+            pinned: list[StoredMessage] = []
+            if state.pinned_count:
+                pinned = [
+                    to_message(r)
+                    for r in (
+                        await conn.execute(
+                            sa.select(H).where(is_msg, H.c.pinned == sa.true()).order_by(H.c.sequence)
+                        )
+                    ).all()
+                ]
+            verbatim_rows = await self._page_newest(
+                conn,
+                sa.select(H).where(is_msg, H.c.sequence > state.summarized_upto, H.c.pinned == sa.false()),
+                H.c.sequence,
+                token_cap,
+                tool_units=True,
+            )
+            verbatim = [to_message(r) for r in verbatim_rows]
+            if state.summarized_upto >= state.last_sequence and state.last_sequence > 0:
+                newest = (
+                    await conn.execute(sa.select(H).where(is_msg, H.c.sequence == state.last_sequence))
+                ).one()
+                if not newest.pinned:
+                    verbatim = [to_message(newest)]
+            topic_rows = await self._page_newest(
+                conn,
+                sa.select(H).where(
+                    H.c.conversation_id == conversation_id,
+                    H.c.tier == "topic",
+                    H.c.sequence > row.topics_merged_upto,
+                    H.c.merged_into.is_(None),
+                    H.c.status != "pending",
+                ),
+                H.c.sequence,
+                token_cap,
+                tool_units=False,
+            )
+            archive_rows = await self._page_newest(
+                conn,
+                sa.select(H).where(
+                    H.c.conversation_id == conversation_id,
+                    H.c.tier == "bulk",
+                    H.c.sequence > row.archives_dropped_upto,
+                    H.c.dropped_at.is_(None),
+                ),
+                H.c.sequence,
+                token_cap,
+                tool_units=False,
+            )
+            return ContextRows(
+                state=state,
+                pinned=pinned,
+                verbatim=verbatim,
+                topics=[to_summary(r) for r in topic_rows],
+                archives=[to_summary(r) for r in archive_rows],
+            )
+
+        return await self._tx("reading the context", run, write=False)
+
+    async def history(self, conversation_id: str) -> History:
+        async def run(conn: AsyncConnection) -> History:
+            row = (await conn.execute(sa.select(C).where(C.c.id == conversation_id))).one_or_none()
+            if row is None:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            rows = (
+                await conn.execute(
+                    sa.select(H)
+                    .where(H.c.conversation_id == conversation_id)
+                    .order_by(H.c.tier, H.c.sequence)
+                )
+            ).all()
+            return History(
+                conversation_id=conversation_id,
+                platform=row.platform,
+                messages=[to_message(r) for r in rows if r.tier == "message"],
+                topics=[to_summary(r) for r in rows if r.tier == "topic"],
+                archives=[to_summary(r) for r in rows if r.tier == "bulk"],
+                open_topic_start=row.topic_start_seq,
+            )
+
+        return await self._tx("reading the history", run, write=False)
+
+    async def search(self, conversation_id: str, text: str, limit: int) -> list[StoredMessage]:
+        async def run(conn: AsyncConnection) -> list[StoredMessage]:
+            q = (
+                sa.select(H)
+                .where(
+                    H.c.conversation_id == conversation_id,
+                    H.c.tier == "message",
+                    func.lower(H.c.content).contains(text.lower(), autoescape=True),
+                )
+                .order_by(H.c.sequence.desc())
+                .limit(limit)
+            )
+            return [to_message(r) for r in (await conn.execute(q)).all()]
+
+        return await self._tx("searching messages", run, write=False)
+
+    async def conversation_ids(self) -> list[str]:
+        async def run(conn: AsyncConnection) -> list[str]:
+            return list((await conn.execute(sa.select(C.c.id).order_by(C.c.id))).scalars())
+
+        return await self._tx("listing conversations", run, write=False)
+
+    # -- background work ------------------------------------------------------------------
+
+    async def claim(
+        self,
+        owner: str,
+        now: datetime,
+        lease_seconds: float,
+        silence_before: datetime | None,
+        conversation_id: str | None,
+        limit: int,
+    ) -> list[ConversationState]:
+        async def run(conn: AsyncConnection) -> list[ConversationState]:
+            free = sa.or_(C.c.lease_owner.is_(None), C.c.lease_expires_at < now)
+            q = sa.select(C.c.id).where(free)
+            if conversation_id is not None:
+                q = q.where(C.c.id == conversation_id)
+            else:
+                due = sa.and_(
+                    C.c.needs_maintenance == sa.true(),
+                    sa.or_(C.c.next_retry_at.is_(None), C.c.next_retry_at <= now),
+                )
+                if silence_before is not None:
+                    due = sa.or_(
+                        due, sa.and_(C.c.open_topic_messages > 0, C.c.last_message_at < silence_before)
+                    )
+                q = q.where(due)
+            q = q.order_by(C.c.updated_at).limit(limit)
+            if self.caps.skip_locked:
+                q = q.with_for_update(skip_locked=True)
+            ids = list((await conn.execute(q)).scalars())
+            if not ids:
+                return []
+            await conn.execute(
+                sa.update(C)
+                .where(C.c.id.in_(ids), free)
+                .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds))
+            )
+            rows = (await conn.execute(sa.select(C).where(C.c.id.in_(ids), C.c.lease_owner == owner))).all()
+            return [to_state(r) for r in rows]
+
+        return await self._tx("claiming maintenance work", run, write=True)
+
+    async def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:
+        async def run(conn: AsyncConnection) -> bool:
+            res = await conn.execute(
+                sa.update(C)
+                .where(C.c.id == conversation_id, C.c.lease_owner == owner)
+                .values(lease_expires_at=until)
+            )
+            return bool(res.rowcount)
+
+        return await self._tx("renewing a lease", run, write=True)
+
+    async def release(
+        self, owner: str, conversation_id: str, needs_maintenance: bool, next_retry_at: datetime | None
+    ) -> None:
+        async def run(conn: AsyncConnection) -> None:
+            state = await self._locked_state(conn, conversation_id)
+            if state is None or state.lease_owner != owner:
+                return
+            merged_upto = (
+                await conn.execute(sa.select(C.c.topics_merged_upto).where(C.c.id == conversation_id))
+            ).scalar_one()
+            # A topic sealed while we worked keeps the flag set, whatever this pass concluded.
+            pending = (
+                await conn.execute(
+                    sa.select(func.count()).where(
+                        H.c.conversation_id == conversation_id,
+                        H.c.tier == "topic",
+                        H.c.sequence > merged_upto,
+                        H.c.status == "pending",
+                    )
+                )
+            ).scalar_one()
+            await conn.execute(
+                sa.update(C)
+                .where(C.c.id == conversation_id)
+                .values(
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    needs_maintenance=bool(pending) or needs_maintenance,
+                    next_retry_at=None if pending else next_retry_at,
+                )
+            )
+
+        await self._tx("releasing a lease", run, write=True)
+
+    async def seal_if_silent(
+        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime
+    ) -> Summary | None:
+        async def run(conn: AsyncConnection) -> Summary | None:
+            state = await self._fence(conn, owner, conversation_id)
+            if state.open_topic_messages == 0 or state.last_message_at is None:
+                return None
+            if state.last_message_at >= silence_before:
+                return None
+            return await self._seal_locked(conn, state, "silence", now)
+
+        return await self._tx("sealing a silent topic", run, write=True)
+
+    async def topics_to_summarize(
+        self, conversation_id: str, now: datetime, max_attempts: int
+    ) -> list[Summary]:
+        async def run(conn: AsyncConnection) -> list[Summary]:
+            merged_upto = (
+                await conn.execute(sa.select(C.c.topics_merged_upto).where(C.c.id == conversation_id))
+            ).scalar_one()
+            q = (
+                sa.select(H)
+                .where(
+                    H.c.conversation_id == conversation_id,
+                    H.c.tier == "topic",
+                    H.c.sequence > merged_upto,
+                    H.c.merged_into.is_(None),
+                    sa.or_(
+                        H.c.status == "pending",
+                        sa.and_(
+                            H.c.status == "provisional",
+                            H.c.attempts < max_attempts,
+                            sa.or_(H.c.next_attempt_at.is_(None), H.c.next_attempt_at <= now),
+                        ),
+                    ),
+                )
+                .order_by(H.c.sequence)
+            )
+            return [to_summary(r) for r in (await conn.execute(q)).all()]
+
+        return await self._tx("listing topics to summarise", run, write=False)
+
+    async def next_retry(self, conversation_id: str, max_attempts: int) -> datetime | None:
+        async def run(conn: AsyncConnection) -> datetime | None:
+            value: datetime | None = (
+                await conn.execute(
+                    sa.select(func.min(H.c.next_attempt_at)).where(
+                        H.c.conversation_id == conversation_id,
+                        H.c.tier == "topic",
+                        H.c.status == "provisional",
+                        H.c.merged_into.is_(None),
+                        H.c.attempts < max_attempts,
+                    )
+                )
+            ).scalar_one()
+            return value
+
+        return await self._tx("reading retry times", run, write=False)
+
+    async def topic_messages(self, conversation_id: str, first: int, last: int) -> list[StoredMessage]:
+        async def run(conn: AsyncConnection) -> list[StoredMessage]:
+            q = (
+                sa.select(H)
+                .where(
+                    H.c.conversation_id == conversation_id,
+                    H.c.tier == "message",
+                    H.c.sequence.between(first, last),
+                    H.c.pinned == sa.false(),
+                )
+                .order_by(H.c.sequence)
+            )
+            return [to_message(r) for r in (await conn.execute(q)).all()]
+
+        return await self._tx("reading a topic", run, write=False)
+
+    async def save_topic_summary(
+        self, owner: str, topic: Summary, write: SummaryWrite, now: datetime
+    ) -> bool:
+        async def run(conn: AsyncConnection) -> bool:
+            await self._fence(conn, owner, topic.conversation_id)
+            res = await conn.execute(
+                sa.update(H)
+                .where(
+                    H.c.id == topic.id,
+                    H.c.status == topic.status,
+                    H.c.attempts == topic.attempts,
+                    H.c.merged_into.is_(None),
+                )
+                .values(
+                    content=write.content,
+                    rendered=write.rendered,
+                    token_count=write.token_count,
+                    status=write.status,
+                    summarizer=write.summarizer,
+                    model=write.model,
+                    prompt_tokens=H.c.prompt_tokens + write.prompt_tokens,
+                    completion_tokens=H.c.completion_tokens + write.completion_tokens,
+                    cost=H.c.cost + write.cost,
+                    latency_ms=write.latency_ms,
+                    attempts=H.c.attempts + 1,
+                    next_attempt_at=write.next_attempt_at,
+                    last_error=write.last_error,
+                )
+            )
+            if res.rowcount != 1:
+                return False
+            values: dict[str, Any] = {
+                # Advance only over a contiguous prefix, so no range is ever skipped.
+                "summarized_upto": sa.case(
+                    (C.c.summarized_upto == topic.first_sequence - 1, topic.last_sequence),
+                    else_=C.c.summarized_upto,
+                ),
+                "updated_at": now,
+            }
+            if topic.status == "pending":
+                values["compressions"] = C.c.compressions + 1
+            await conn.execute(sa.update(C).where(C.c.id == topic.conversation_id).values(**values))
+            return True
+
+        return await self._tx("saving a topic summary", run, write=True)
+
+    async def active_summaries(self, conversation_id: str, tier: str) -> list[Summary]:
+        async def run(conn: AsyncConnection) -> list[Summary]:
+            row = (
+                await conn.execute(
+                    sa.select(C.c.topics_merged_upto, C.c.archives_dropped_upto).where(
+                        C.c.id == conversation_id
+                    )
+                )
+            ).one()
+            if tier == "topic":
+                cond = sa.and_(
+                    H.c.sequence > row.topics_merged_upto, H.c.merged_into.is_(None), H.c.status != "pending"
+                )
+            else:
+                cond = sa.and_(H.c.sequence > row.archives_dropped_upto, H.c.dropped_at.is_(None))
+            q = (
+                sa.select(H)
+                .where(H.c.conversation_id == conversation_id, H.c.tier == tier, cond)
+                .order_by(H.c.sequence)
+            )
+            return [to_summary(r) for r in (await conn.execute(q)).all()]
+
+        return await self._tx("reading summaries", run, write=False)
+
+    async def save_archive(
+        self, owner: str, conversation_id: str, topics: Sequence[Summary], write: SummaryWrite, now: datetime
+    ) -> Summary | None:
+        class _Conflict(Exception):
+            pass
+
+        async def run(conn: AsyncConnection) -> Summary:
+            await self._fence(conn, owner, conversation_id)
+            counts = (
+                await conn.execute(sa.select(C.c.bulk_count, C.c.platform).where(C.c.id == conversation_id))
+            ).one()
+            ordinal = counts.bulk_count + 1
+            new_id = (
+                await conn.execute(
+                    sa.insert(H)
+                    .values(
+                        conversation_id=conversation_id,
+                        platform=counts.platform,
+                        tier="bulk",
+                        content=write.content,
+                        rendered=write.rendered,
+                        token_count=write.token_count,
+                        sequence=ordinal,
+                        created_at=now,
+                        sealed_at=now,
+                        status=write.status,
+                        first_sequence=topics[0].first_sequence,
+                        last_sequence=topics[-1].last_sequence,
+                        started_at=min(t.started_at for t in topics),
+                        ended_at=max(t.ended_at for t in topics),
+                        source_tokens=sum(t.source_tokens for t in topics),
+                        summarizer=write.summarizer,
+                        model=write.model,
+                        prompt_tokens=write.prompt_tokens,
+                        completion_tokens=write.completion_tokens,
+                        cost=write.cost,
+                        latency_ms=write.latency_ms,
+                        attempts=1,
+                        stored_at=now,
+                    )
+                    .returning(H.c.id)
+                )
+            ).scalar_one()
+            res = await conn.execute(
+                sa.update(H)
+                .where(H.c.id.in_([t.id for t in topics]), H.c.merged_into.is_(None), H.c.status != "pending")
+                .values(merged_into=new_id)
+            )
+            if res.rowcount != len(topics):
+                raise _Conflict
+            await conn.execute(
+                sa.update(C)
+                .where(C.c.id == conversation_id)
+                .values(
+                    bulk_count=ordinal,
+                    topics_merged_upto=max(t.sequence for t in topics),
+                    compressions=C.c.compressions + 1,
+                    updated_at=now,
+                )
+            )
+            return to_summary((await conn.execute(sa.select(H).where(H.c.id == new_id))).one())
+
+        try:
+            return await self._tx("saving an archive", run, write=True)
+        except _Conflict:
+            return None
+
+    async def drop_archives(self, owner: str, conversation_id: str, ids: Sequence[int], now: datetime) -> int:
+        async def run(conn: AsyncConnection) -> int:
+            await self._fence(conn, owner, conversation_id)
+            res = await conn.execute(
+                sa.update(H).where(H.c.id.in_(list(ids)), H.c.dropped_at.is_(None)).values(dropped_at=now)
+            )
+            top = (
+                await conn.execute(sa.select(func.max(H.c.sequence)).where(H.c.id.in_(list(ids))))
+            ).scalar_one()
+            await conn.execute(
+                sa.update(C).where(C.c.id == conversation_id).values(archives_dropped_upto=top)
+            )
+            return int(res.rowcount)
+
+        return await self._tx("dropping archives", run, write=True)
+
+    async def stats(self, conversation_id: str | None) -> list[ConversationStats]:
+        async def run(conn: AsyncConnection) -> list[ConversationStats]:
+            cq = sa.select(C)
+            if conversation_id is not None:
+                cq = cq.where(C.c.id == conversation_id)
+            convs = (await conn.execute(cq.order_by(C.c.id))).all()
+            if conversation_id is not None and not convs:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            aq = sa.select(
+                H.c.conversation_id,
+                H.c.tier,
+                func.count(),
+                func.coalesce(func.sum(H.c.full_token_count), 0),
+                func.coalesce(func.sum(sa.case((H.c.status == "pending", 1), else_=0)), 0),
+                func.coalesce(
+                    func.sum(
+                        sa.case(
+                            (sa.and_(H.c.merged_into.is_(None), H.c.dropped_at.is_(None)), H.c.token_count),
+                            else_=0,
+                        )
+                    ),
+                    0,
+                ),
+                func.coalesce(func.sum(sa.case((H.c.dropped_at.is_not(None), 1), else_=0)), 0),
+                func.coalesce(func.sum(H.c.prompt_tokens), 0),
+                func.coalesce(func.sum(H.c.completion_tokens), 0),
+                func.coalesce(func.sum(H.c.cost), 0.0),
+            ).group_by(H.c.conversation_id, H.c.tier)
+            if conversation_id is not None:
+                aq = aq.where(H.c.conversation_id == conversation_id)
+            agg: dict[tuple[str, str], Any] = {(r[0], r[1]): r for r in (await conn.execute(aq)).all()}
+            out = []
+            for c in convs:
+                msg = agg.get((c.id, "message"))
+                top = agg.get((c.id, "topic"))
+                blk = agg.get((c.id, "bulk"))
+                uncovered = (
+                    await conn.execute(
+                        sa.select(func.coalesce(func.sum(H.c.token_count), 0)).where(
+                            H.c.conversation_id == c.id,
+                            H.c.tier == "message",
+                            H.c.sequence > c.summarized_upto,
+                        )
+                    )
+                ).scalar_one()
+                out.append(
+                    ConversationStats(
+                        conversation_id=c.id,
+                        platform=c.platform,
+                        messages=int(msg[2]) if msg else 0,
+                        message_tokens=int(msg[3]) if msg else 0,
+                        topics=int(top[2]) if top else 0,
+                        topics_pending=int(top[4]) if top else 0,
+                        archives=int(blk[2]) if blk else 0,
+                        archives_dropped=int(blk[6]) if blk else 0,
+                        tier_tokens={
+                            "current": int(uncovered),
+                            "topic": int(top[5]) if top else 0,
+                            "bulk": int(blk[5]) if blk else 0,
+                        },
+                        compressions=c.compressions,
+                        summarizer_prompt_tokens=sum(int(r[7]) for r in (top, blk) if r),
+                        summarizer_completion_tokens=sum(int(r[8]) for r in (top, blk) if r),
+                        summarizer_cost=float(sum(float(r[9]) for r in (top, blk) if r)),
+                    )
+                )
+            return out
+
+        return await self._tx("computing statistics", run, write=False)
