@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 from alembic import context
@@ -37,15 +36,15 @@ def run_offline() -> None:
         context.run_migrations()
 
 
-async def _run_async(url: str) -> None:
+def _run_url(url: str) -> None:
     from tiered_history.store.dialect import create_engine
 
     engine = create_engine(url)
     try:
-        async with engine.begin() as conn:
-            await conn.run_sync(_run)
+        with engine.begin() as conn:
+            _run(conn)
     finally:
-        await engine.dispose()
+        engine.dispose()
 
 
 def run_online() -> None:
@@ -56,7 +55,7 @@ def run_online() -> None:
     url = config.get_main_option("sqlalchemy.url") or os.environ.get("TIERED_HISTORY_DATABASE_URL")
     if not url:
         raise SystemExit("set sqlalchemy.url or TIERED_HISTORY_DATABASE_URL")
-    asyncio.run(_run_async(url))
+    _run_url(url)
 
 
 if context.is_offline_mode():

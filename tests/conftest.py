@@ -59,3 +59,95 @@ def pytest_configure(config: pytest.Config) -> None:
     socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
     socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
     socket.getaddrinfo = _guarded_getaddrinfo
+
+
+# -- database backends ------------------------------------------------------------------------
+
+PG_ADMIN_URL = os.environ.get("TIERED_HISTORY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def _pg_available() -> str | None:
+    """None if PostgreSQL answers, else why not."""
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+_PG_STATUS: list[str | None] = []
+
+
+def pg_status() -> str | None:
+    if not _PG_STATUS:
+        _PG_STATUS.append(_pg_available())
+    return _PG_STATUS[0]
+
+
+def require_pg() -> None:
+    """Skip locally when PostgreSQL is absent; under CI=true a missing PostgreSQL fails the test."""
+    why = pg_status()
+    if why is not None:
+        if IN_CI:
+            pytest.fail(f"PostgreSQL is required in CI but unreachable at {PG_ADMIN_URL}: {why}")
+        pytest.skip(f"PostgreSQL unreachable: {why}")
+
+
+def make_pg_database() -> tuple[str, Any]:
+    """Create a throwaway database; returns (url, drop callable)."""
+    import uuid
+
+    import psycopg
+
+    require_pg()
+    name = f"th_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+
+    def drop() -> None:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return f"{base}/{name}", drop
+
+
+@pytest.fixture
+def pg_url() -> Any:
+    url, drop = make_pg_database()
+    try:
+        yield url
+    finally:
+        drop()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """A fresh database URL for each backend: the in-memory store, a SQLite file, PostgreSQL."""
+    if request.param == "memory":
+        yield "memory://"
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'history.db'}"
+    else:
+        url, drop = make_pg_database()
+        try:
+            yield url
+        finally:
+            drop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """A fresh SQL database URL (SQLite file or PostgreSQL)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'history.db'}"
+    else:
+        url, drop = make_pg_database()
+        try:
+            yield url
+        finally:
+            drop()

@@ -49,10 +49,14 @@ def assert_no_invented_words(
     for index, line in enumerate(output.split("\n")):
         if re.fullmatch(r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}–(\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}\]", line):
             continue
-        if keyword_line and index == 0 and line.startswith("Topic: "):
-            for keyword in line.removeprefix("Topic: ").split(", "):
-                assert keyword in source_text, f"keyword {keyword!r} is not in the input"
-            continue
+        keywords = line.removeprefix("Topic: ").split(", ")
+        if (
+            keyword_line
+            and index == 0
+            and line.startswith("Topic: ")
+            and all(k in source_text for k in keywords)
+        ):
+            continue  # the keyword line; otherwise it is a sentence that happens to start with "Topic: "
         for prefix in sorted(prefixes, key=len, reverse=True):
             if line.startswith(prefix):
                 line = line[len(prefix) :]

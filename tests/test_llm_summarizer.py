@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import subprocess
@@ -16,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import NetworkAccessError
 import tests.openai_server as fake_openai
+from tests.conftest import NetworkAccessError
 from tests.openai_server import OpenAIServer, Reply
 from tiered_history.errors import ConfigurationError, SummarizerError
 from tiered_history.settings import SummarizerSettings
@@ -73,6 +74,39 @@ def test_importing_module_does_not_import_litellm() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+_FIRST_USE = """
+import asyncio, os, socket, sys
+import tests.conftest as guard
+guard.pytest_configure(None)
+os.environ.pop("LITELLM_LOCAL_MODEL_COST_MAP", None)  # conftest sets it; the summariser must too
+tried = []
+checked = socket.getaddrinfo
+def spy(host, *args, **kwargs):
+    tried.append(host)
+    return checked(host, *args, **kwargs)
+socket.getaddrinfo = spy
+from datetime import datetime, UTC
+from tiered_history.summarizers.base import SummaryInput
+from tiered_history.summarizers.llm import LiteLLMSummarizer
+summ = LiteLLMSummarizer("openai/gpt-4o-mini", completion_kwargs={"mock_response": "ok."})
+result = asyncio.run(summ.summarize([SummaryInput(1, "user", "hi", datetime.now(UTC))], 50))
+print(result.text, "litellm" in sys.modules, tried)
+"""
+
+
+def test_first_use_imports_litellm_without_network() -> None:
+    # A fresh interpreter without LITELLM_LOCAL_MODEL_COST_MAP: the summariser must set it
+    # before importing litellm, or litellm fetches its price map from GitHub. Also runs the
+    # first import off the event loop (litellm is not imported yet there).
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_USE], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok. True []"
+    assert "cost map" not in out.stderr
 
 
 def test_network_guard_refuses_non_loopback() -> None:
@@ -214,7 +248,7 @@ async def test_slow_server_times_out_quickly(openai_server: OpenAIServer) -> Non
 
 async def test_hard_timeout_when_client_ignores_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     async def hang(**kwargs: Any) -> Any:
-        await __import__("asyncio").sleep(30)
+        await asyncio.sleep(5)
 
     monkeypatch.setattr(litellm, "acompletion", hang)
     summ = LiteLLMSummarizer(MODEL, timeout=0.3)

@@ -226,6 +226,10 @@ class Summary:
     merged_into: int | None = None
     dropped_at: datetime | None = None
     created_at: datetime | None = None
+    next_attempt_at: datetime | None = None
+    """When ``maintain()`` will next try to replace a provisional summary."""
+    last_error: str | None = None
+    """Why the last summariser attempt failed, if it did."""
 
     def to_openai(self) -> dict[str, Any]:
         # Earlier-conversation data goes in as a user turn, never as a system instruction.

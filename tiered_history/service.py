@@ -61,23 +61,19 @@ class MaintenanceReport:
     errors: list[str] = field(default_factory=list)
 
 
-def _open_store(target: str | AsyncEngine | sa.Engine | Store, settings: Settings, encoding: str) -> Store:
-    if isinstance(target, str):
-        if target.startswith("memory://"):
-            from .store.memory import MemoryStore
+def _open_store(target: str | sa.Engine | Store, encoding: str) -> Store:
+    if isinstance(target, str) and target.startswith("memory://"):
+        from .store.memory import MemoryStore
 
-            return MemoryStore()
+        return MemoryStore()
+    if isinstance(target, str | sa.Engine):
         from .store.sql import SQLStore
 
         return SQLStore(target, encoding=encoding)
     if isinstance(target, AsyncEngine):
-        from .store.sql import SQLStore
-
-        return SQLStore(target, encoding=encoding)
-    if isinstance(target, sa.Engine):
         raise ConfigurationError(
-            "pass an AsyncEngine (sqlalchemy.ext.asyncio.create_async_engine) or a URL; "
-            "a blocking Engine cannot serve the async compressor"
+            "pass a URL or a synchronous sqlalchemy Engine (the store runs its queries on a thread pool); "
+            "for an AsyncEngine pass its .sync_engine's URL instead"
         )
     return target
 
@@ -86,13 +82,13 @@ class HistoryCompressor:
     """Stores conversations and answers ``get_context`` within a token budget.
 
     ``target`` is a database URL (``sqlite:///history.db``, ``sqlite://``,
-    ``postgresql://user@host/db``, ``memory://``), an ``AsyncEngine`` you own (it
-    is not disposed on close) or a store object.
+    ``postgresql://user@host/db``, ``memory://``), a SQLAlchemy ``Engine`` you own
+    (it is not disposed on close) or a store object.
     """
 
     def __init__(
         self,
-        target: str | AsyncEngine | Store | None = None,
+        target: str | sa.Engine | Store | None = None,
         *,
         settings: Settings | None = None,
         summarizer: Summarizer | None = None,
@@ -105,7 +101,7 @@ class HistoryCompressor:
         self.settings = settings
         self.counter = TokenCounter(settings.model)
         url = target if target is not None else settings.database_url or "sqlite:///tiered_history.db"
-        self.store: Store = _open_store(url, settings, self.counter.encoding_name)
+        self.store: Store = _open_store(url, self.counter.encoding_name)
         self.fallback = ExtractiveSummarizer(self.counter)
         self.summarizer: Summarizer = summarizer or build_summarizer(settings.summarizer, self.counter)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -223,7 +219,7 @@ class HistoryCompressor:
         )
 
     def default_max_tokens(self) -> int:
-        """The model's input window (from litellm) minus ``reserve_output_tokens``, else ``context_budget``."""
+        """The model's input window (litellm) minus ``reserve_output_tokens``, else ``context_budget``."""
         from .modelinfo import input_window
 
         window = input_window(self.settings.model)
@@ -444,13 +440,13 @@ class HistoryCompressor:
             )
         fb = await self.fallback.summarize(inputs, max(min(target, source - 1), 1))
         provisional = error is not None
-        retry_at = (
-            now + timedelta(seconds=escalation.retry_delay(1, s.retry_backoff_seconds))
-            if provisional
-            else None
-        )
+        first_retry: datetime | None = None
+        if provisional:
+            first_retry = now + timedelta(seconds=escalation.retry_delay(1, s.retry_backoff_seconds))
         status = "provisional" if provisional and s.summary_max_attempts > 1 else "final"
-        return self._write("topic", fb.text, status, *args, result=fb, error=error, next_attempt_at=retry_at)
+        return self._write(
+            "topic", fb.text, status, *args, result=fb, error=error, next_attempt_at=first_retry
+        )
 
     async def _merge(self, topics: Sequence[Summary]) -> SummaryWrite:
         s = self.settings

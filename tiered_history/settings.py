@@ -40,6 +40,9 @@ DEFAULT_TRIGGER_PHRASES: tuple[str, ...] = (
 )
 
 
+_TRIGGER_ROLES: tuple[Literal["system", "user", "assistant", "tool"], ...] = ("user",)
+
+
 class TierShares(BaseModel):
     """Shares of the budget for each tier; they must add up to 1."""
 
@@ -67,7 +70,7 @@ class BoundarySettings(BaseModel):
     size: bool = True
     trigger_phrases: list[str] = Field(default_factory=lambda: list(DEFAULT_TRIGGER_PHRASES))
     trigger_roles: list[Literal["system", "user", "assistant", "tool"]] = Field(
-        default_factory=lambda: ["user"]
+        default_factory=lambda: list(_TRIGGER_ROLES)
     )
 
 
@@ -99,7 +102,7 @@ class Settings(BaseSettings):
     model: str = "cl100k_base"
     context_budget: int = Field(8000, ge=200, le=10_000_000)
     reserve_output_tokens: int = Field(1024, ge=0, le=1_000_000)
-    tiers: TierShares = Field(default_factory=TierShares)
+    tiers: TierShares = Field(default_factory=lambda: TierShares())
     redistribute_unused: bool = True
     max_message_chars: int = Field(2000, ge=200, le=10_000_000)
     max_content_chars: int = Field(1_000_000, ge=1000, le=100_000_000)
@@ -108,8 +111,8 @@ class Settings(BaseSettings):
     bulk_merge_size: int = Field(3, ge=2, le=100)
     silence_minutes: float = Field(30.0, gt=0, le=525_600)
     token_threshold: float = Field(0.60, gt=0.0, le=1.0)
-    boundaries: BoundarySettings = Field(default_factory=BoundarySettings)
-    summarizer: SummarizerSettings = Field(default_factory=SummarizerSettings)
+    boundaries: BoundarySettings = Field(default_factory=lambda: BoundarySettings())
+    summarizer: SummarizerSettings = Field(default_factory=lambda: SummarizerSettings())
     summarize_inline: bool = False
     maintenance_interval_seconds: float = Field(30.0, gt=0, le=86_400)
     lease_seconds: float = Field(300.0, ge=1, le=86_400)

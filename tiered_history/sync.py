@@ -13,7 +13,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+import sqlalchemy as sa
 
 from .models import CompressedContext, ConversationStats, History, Message, StoredMessage, Summary
 from .service import HistoryCompressor, MaintenanceReport
@@ -46,7 +46,7 @@ class SyncHistoryCompressor:
 
     def __init__(
         self,
-        target: str | AsyncEngine | Store | None = None,
+        target: str | sa.Engine | Store | None = None,
         *,
         settings: Settings | None = None,
         summarizer: Summarizer | None = None,

@@ -136,6 +136,14 @@ class Store(Protocol):
         """Lease up to ``limit`` conversations that have work (or ``conversation_id`` only)."""
         ...
 
+    async def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:
+        """Extend ``owner``'s lease; False if another worker holds it now."""
+        ...
+
+    async def next_retry(self, conversation_id: str, max_attempts: int) -> datetime | None:
+        """When the earliest provisional summary is due for another attempt."""
+        ...
+
     async def release(
         self, owner: str, conversation_id: str, needs_maintenance: bool, next_retry_at: datetime | None
     ) -> None: ...

@@ -11,7 +11,6 @@ import sqlalchemy as sa
 from sqlalchemy import event, exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from ..errors import ConfigurationError, StoreError, TransientStoreError
@@ -19,17 +18,19 @@ from ..errors import ConfigurationError, StoreError, TransientStoreError
 #: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
 WRITE_OPTION = "tiered_history_write"
 
-_ASYNC_DRIVERS = {
-    "sqlite": "sqlite+aiosqlite",
-    "sqlite+pysqlite": "sqlite+aiosqlite",
-    "sqlite+aiosqlite": "sqlite+aiosqlite",
+_DRIVERS = {
+    "sqlite": "sqlite+pysqlite",
+    "sqlite+pysqlite": "sqlite+pysqlite",
+    "sqlite+aiosqlite": "sqlite+pysqlite",
     "postgresql": "postgresql+psycopg",
     "postgres": "postgresql+psycopg",
     "postgresql+psycopg": "postgresql+psycopg",
     "postgresql+psycopg2": "postgresql+psycopg",
     "postgresql+psycopg_async": "postgresql+psycopg",
-    "postgresql+asyncpg": "postgresql+asyncpg",
+    "postgresql+asyncpg": "postgresql+psycopg",
 }
+#: Threads (and pooled connections) per store: enough for a bot's concurrent replies.
+_THREADS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class Capabilities:
     skip_locked: bool
     single_connection: bool
     """In-memory SQLite: one shared connection, so transactions are serialised in-process."""
+    threads: int
     retry_transient: bool
     read_options: dict[str, Any]
     write_options: dict[str, Any]
@@ -49,15 +51,15 @@ class Capabilities:
         return postgresql.insert(table) if self.name == "postgresql" else sqlite.insert(table)
 
 
-def async_url(url: str) -> sa.URL:
-    """Turn a plain URL into one with an async driver, or raise :class:`ConfigurationError`."""
+def database_url(url: str) -> sa.URL:
+    """Turn a plain URL into one naming the driver we use, or raise :class:`ConfigurationError`."""
     try:
         parsed = make_url(url)
     except Exception:
         raise ConfigurationError(
             f"invalid database URL {url!r}: expected sqlite:///path, sqlite:// or postgresql://user@host/db"
         ) from None
-    driver = _ASYNC_DRIVERS.get(parsed.drivername)
+    driver = _DRIVERS.get(parsed.drivername)
     if driver is None:
         raise ConfigurationError(
             f"unsupported database {parsed.drivername!r} in URL: use sqlite:///path or postgresql://..."
@@ -65,17 +67,22 @@ def async_url(url: str) -> sa.URL:
     return parsed.set(drivername=driver)
 
 
-def create_engine(url: str) -> AsyncEngine:
+def create_engine(url: str) -> sa.Engine:
     """Create an engine for a plain URL; callers that pass their own engine keep ownership of it."""
-    parsed = async_url(url)
+    parsed = database_url(url)
     kwargs: dict[str, Any] = {}
     if parsed.get_backend_name() == "sqlite":
         if parsed.database in (None, "", ":memory:"):
             kwargs["poolclass"] = StaticPool
-        kwargs["connect_args"] = {"timeout": 30}
+        kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
-        kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=10)
-    engine = create_async_engine(parsed, **kwargs)
+        kwargs.update(pool_pre_ping=True, pool_size=_THREADS, max_overflow=2)
+    try:
+        engine = sa.create_engine(parsed, **kwargs)
+    except Exception as e:
+        raise ConfigurationError(
+            f"cannot create a database engine for {parsed.render_as_string()}: {e}"
+        ) from None
     prepare_engine(engine)
     return engine
 
@@ -83,9 +90,9 @@ def create_engine(url: str) -> AsyncEngine:
 _prepared: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 
 
-def prepare_engine(engine: AsyncEngine) -> None:
+def prepare_engine(engine: sa.Engine) -> None:
     """Install the SQLite pragmas and transaction handling (idempotent)."""
-    sync = engine.sync_engine
+    sync = engine
     if sync.dialect.name != "sqlite" or sync in _prepared:
         return
     _prepared.add(sync)
@@ -110,13 +117,14 @@ def prepare_engine(engine: AsyncEngine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def capabilities(engine: AsyncEngine) -> Capabilities:
-    dialect = engine.sync_engine.dialect
+def capabilities(engine: sa.Engine) -> Capabilities:
+    dialect = engine.dialect
     if dialect.name == "postgresql":
         return Capabilities(
             name="postgresql",
             skip_locked=True,
             single_connection=False,
+            threads=_THREADS,
             retry_transient=True,
             # One snapshot for the several reads of get_context.
             read_options={"isolation_level": "REPEATABLE READ"},
@@ -126,7 +134,8 @@ def capabilities(engine: AsyncEngine) -> Capabilities:
         return Capabilities(
             name="sqlite",
             skip_locked=False,
-            single_connection=engine.sync_engine.url.database in (None, "", ":memory:"),
+            single_connection=engine.url.database in (None, "", ":memory:"),
+            threads=_THREADS,
             retry_transient=False,
             read_options={},
             write_options={WRITE_OPTION: True},

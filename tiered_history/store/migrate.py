@@ -11,7 +11,6 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..errors import SchemaError
 
@@ -56,25 +55,25 @@ def _upgrade(conn: sa.Connection, target: str) -> None:
     command.upgrade(cfg, target)
 
 
-async def current_revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as conn:
-        return await conn.run_sync(_current)
+def current_revision(engine: sa.Engine) -> str | None:
+    with engine.connect() as conn:
+        return _current(conn)
 
 
-async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
+def upgrade(engine: sa.Engine, target: str = "head") -> None:
     """Bring the schema to ``target``; concurrent callers wait for the first one to finish."""
     head = head_revision()
-    if target == "head" and await current_revision(engine) == head:
+    if target == "head" and current_revision(engine) == head:
         return
     from .dialect import WRITE_OPTION
 
-    async with engine.connect() as raw:
-        conn = await raw.execution_options(**{WRITE_OPTION: True})
-        async with conn.begin():
+    with engine.connect() as raw:
+        conn = raw.execution_options(**{WRITE_OPTION: True})
+        with conn.begin():
             if engine.dialect.name == "postgresql":
-                await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
             # Re-check under the lock: another process may have migrated meanwhile.
-            current = await conn.run_sync(_current)
+            current = _current(conn)
             if current == head and target == "head":
                 return
             known = {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
@@ -83,4 +82,4 @@ async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
                     f"the database schema is at revision {current!r}, which this version of "
                     "tiered-history does not know (is the database newer than the library?)"
                 )
-            await conn.run_sync(_upgrade, target)
+            _upgrade(conn, target)

@@ -8,6 +8,24 @@ from sqlalchemy.engine import Row
 
 from ..models import StoredMessage, Summary
 from .base import ConversationState
+from .schema import conversation_history as H
+
+#: What a message row needs; reading fewer columns keeps the reply path fast.
+MESSAGE_COLUMNS = (
+    H.c.conversation_id,
+    H.c.sequence,
+    H.c.role,
+    H.c.content,
+    H.c.created_at,
+    H.c.token_count,
+    H.c.full_token_count,
+    H.c.name,
+    H.c.tool_calls,
+    H.c.tool_call_id,
+    H.c.pinned,
+    H.c.meta,
+    H.c.context_content,
+)
 
 
 def to_state(r: Row[Any]) -> ConversationState:
@@ -30,7 +48,7 @@ def to_state(r: Row[Any]) -> ConversationState:
     )
 
 
-def to_message(r: Row[Any]) -> StoredMessage:
+def to_message(r: Any) -> StoredMessage:
     return StoredMessage(
         conversation_id=r.conversation_id,
         sequence=r.sequence,
@@ -75,4 +93,6 @@ def to_summary(r: Row[Any]) -> Summary:
         merged_into=r.merged_into,
         dropped_at=r.dropped_at,
         created_at=r.stored_at,
+        next_attempt_at=r.next_attempt_at,
+        last_error=r.last_error,
     )

@@ -7,16 +7,16 @@ decided once in :mod:`.dialect`; the queries below are the same everywhere.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import exc, func
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import Connection, exc, func
 
-from ..errors import ConversationNotFoundError, InvalidMessageError, StoreError, TieredHistoryError
+from ..errors import ConversationNotFoundError, InvalidMessageError, TransientStoreError
 from ..models import ConversationStats, History, StoredMessage, Summary
 from .base import (
     BoundaryPolicy,
@@ -27,20 +27,25 @@ from .base import (
     SummaryWrite,
 )
 from .dialect import Capabilities, capabilities, create_engine, prepare_engine, translate
-from .rows import to_message, to_state, to_summary
+from .rows import MESSAGE_COLUMNS, to_message, to_state, to_summary
 from .schema import conversation_history as H
 from .schema import conversations as C
 
 T = TypeVar("T")
-_PAGE = 64
+_FIRST_PAGE = 16
+_MAX_PAGE = 256
 _RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
 
 
 class SQLStore:
-    """Store backed by SQLite or PostgreSQL through SQLAlchemy's async engine."""
+    """Store backed by SQLite or PostgreSQL through SQLAlchemy Core.
+
+    Each operation is one short transaction run on a small thread pool: one hop
+    from the event loop per call, and the driver's fast synchronous path inside.
+    """
 
     def __init__(
-        self, engine: AsyncEngine | str, *, encoding: str = "cl100k_base", migrate: bool = True
+        self, engine: sa.Engine | str, *, encoding: str = "cl100k_base", migrate: bool = True
     ) -> None:
         self._owns_engine = isinstance(engine, str)
         self.engine = create_engine(engine) if isinstance(engine, str) else engine
@@ -48,7 +53,8 @@ class SQLStore:
         self.caps: Capabilities = capabilities(self.engine)
         self._encoding = encoding
         self._migrate = migrate
-        self._lock = asyncio.Lock() if self.caps.single_connection else None
+        workers = 1 if self.caps.single_connection else self.caps.threads
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tiered-history-db")
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -56,58 +62,48 @@ class SQLStore:
         if self._migrate:
             from .migrate import upgrade
 
-            try:
-                await upgrade(self.engine)
-            except TieredHistoryError:
-                raise
-            except exc.SQLAlchemyError as e:
-                raise translate(e, "migrating the schema") from None
+            def run() -> None:
+                try:
+                    upgrade(self.engine)
+                except exc.SQLAlchemyError as e:
+                    raise translate(e, "migrating the schema") from None
+
+            await asyncio.get_running_loop().run_in_executor(self._executor, run)
 
     async def close(self) -> None:
+        self._executor.shutdown(wait=True)
         if self._owns_engine:
-            await self.engine.dispose()
+            self.engine.dispose()
 
-    @contextlib.asynccontextmanager
-    async def _serial(self) -> AsyncIterator[None]:
-        if self._lock is None:
-            yield
-        else:
-            async with self._lock:
-                yield
+    async def _tx(self, action: str, fn: Callable[[Connection], T], *, write: bool) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run_tx, action, fn, write)
 
-    async def _tx(self, action: str, fn: Callable[[AsyncConnection], Awaitable[T]], *, write: bool) -> T:
+    def _run_tx(self, action: str, fn: Callable[[Connection], T], write: bool) -> T:
         """Run ``fn`` in one transaction; retry transient failures where the dialect allows."""
         attempts = len(_RETRY_DELAYS) + 1 if self.caps.retry_transient else 1
+        options = self.caps.write_options if write else self.caps.read_options
         for attempt in range(attempts):
             try:
-                async with self._serial(), self.engine.connect() as raw:
-                    conn = await raw.execution_options(
-                        **(self.caps.write_options if write else self.caps.read_options)
-                    )
-                    async with conn.begin():
-                        return await fn(conn)
+                with self.engine.connect() as raw:
+                    conn = raw.execution_options(**options) if options else raw
+                    with conn.begin():
+                        return fn(conn)
             except exc.SQLAlchemyError as e:
                 err = translate(e, action)
-                if attempt + 1 < attempts and type(err).__name__ == "TransientStoreError":
-                    await asyncio.sleep(_RETRY_DELAYS[attempt])
+                if attempt + 1 < attempts and isinstance(err, TransientStoreError):
+                    time.sleep(_RETRY_DELAYS[attempt])
                     continue
                 raise err from None
-            except OSError as e:  # connection refused / reset before SQLAlchemy wrapped it
-                if attempt + 1 < attempts:
-                    await asyncio.sleep(_RETRY_DELAYS[attempt])
-                    continue
-                raise StoreError(f"database error while {action}: {e}") from None
         raise AssertionError("unreachable")
 
-    async def _locked_state(self, conn: AsyncConnection, conversation_id: str) -> ConversationState | None:
-        row = (
-            await conn.execute(sa.select(C).where(C.c.id == conversation_id).with_for_update())
-        ).one_or_none()
+    def _locked_state(self, conn: Connection, conversation_id: str) -> ConversationState | None:
+        row = (conn.execute(sa.select(C).where(C.c.id == conversation_id).with_for_update())).one_or_none()
         return None if row is None else to_state(row)
 
-    async def _fence(self, conn: AsyncConnection, owner: str, conversation_id: str) -> ConversationState:
+    def _fence(self, conn: Connection, owner: str, conversation_id: str) -> ConversationState:
         """Check that ``owner`` still holds the lease, locking the conversation row."""
-        state = await self._locked_state(conn, conversation_id)
+        state = self._locked_state(conn, conversation_id)
         if state is None or state.lease_owner != owner:
             raise LeaseLostError(conversation_id)
         return state
@@ -124,8 +120,8 @@ class SQLStore:
     ) -> tuple[StoredMessage, Summary | None]:
         m = prepared.message
 
-        async def run(conn: AsyncConnection) -> tuple[StoredMessage, Summary | None]:
-            await conn.execute(
+        def run(conn: Connection) -> tuple[StoredMessage, Summary | None]:
+            conn.execute(
                 self.caps.insert(C)
                 .values(
                     id=conversation_id,
@@ -136,7 +132,7 @@ class SQLStore:
                 )
                 .on_conflict_do_nothing(index_elements=["id"])
             )
-            state = await self._locked_state(conn, conversation_id)
+            state = self._locked_state(conn, conversation_id)
             assert state is not None
             open_calls = list(state.open_tool_calls)
             if m.role == "tool" and m.tool_call_id not in open_calls:
@@ -152,10 +148,10 @@ class SQLStore:
             )
             reason = policy(state.open_topic, prepared)
             if reason is not None:
-                sealed = await self._seal_range(conn, state, reason, now, state.last_sequence)
+                sealed = self._seal_range(conn, state, reason, now, state.last_sequence)
                 topic_start, open_tokens, open_msgs = state.last_sequence + 1, 0, 0
             seq = state.last_sequence + 1
-            await conn.execute(
+            conn.execute(
                 sa.insert(H).values(
                     conversation_id=conversation_id,
                     platform=platform or state.platform,
@@ -203,7 +199,7 @@ class SQLStore:
                 values["last_clean_seq"] = last_clean
             if platform and not state.platform:
                 values["platform"] = platform
-            await conn.execute(sa.update(C).where(C.c.id == conversation_id).values(**values))
+            conn.execute(sa.update(C).where(C.c.id == conversation_id).values(**values))
             stored = StoredMessage(
                 conversation_id=conversation_id,
                 sequence=seq,
@@ -223,8 +219,8 @@ class SQLStore:
 
         return await self._tx("adding a message", run, write=True)
 
-    async def _seal_range(
-        self, conn: AsyncConnection, state: ConversationState, reason: str, now: datetime, upto: int
+    def _seal_range(
+        self, conn: Connection, state: ConversationState, reason: str, now: datetime, upto: int
     ) -> Summary | None:
         """Insert a pending topic covering ``topic_start_seq..upto`` (caller holds the row lock)."""
         first = state.topic_start_seq
@@ -232,7 +228,7 @@ class SQLStore:
             return None
         cid = state.id
         agg = (
-            await conn.execute(
+            conn.execute(
                 sa.select(
                     func.min(H.c.created_at),
                     func.max(H.c.created_at),
@@ -246,7 +242,7 @@ class SQLStore:
                 )
             )
         ).one()
-        ordinal = (await conn.execute(sa.select(C.c.topic_count).where(C.c.id == cid))).scalar_one() + 1
+        ordinal = (conn.execute(sa.select(C.c.topic_count).where(C.c.id == cid))).scalar_one() + 1
         values = dict(
             conversation_id=cid,
             platform=state.platform,
@@ -265,8 +261,8 @@ class SQLStore:
             source_tokens=int(agg[2]),
             stored_at=now,
         )
-        new_id = (await conn.execute(sa.insert(H).values(**values).returning(H.c.id))).scalar_one()
-        await conn.execute(
+        new_id = (conn.execute(sa.insert(H).values(**values).returning(H.c.id))).scalar_one()
+        conn.execute(
             sa.update(C)
             .where(C.c.id == cid)
             .values(
@@ -277,29 +273,27 @@ class SQLStore:
                 updated_at=now,
             )
         )
-        row = (await conn.execute(sa.select(H).where(H.c.id == new_id))).one()
+        row = (conn.execute(sa.select(H).where(H.c.id == new_id))).one()
         return to_summary(row)
 
-    async def _seal_locked(
-        self, conn: AsyncConnection, state: ConversationState, reason: str, now: datetime
+    def _seal_locked(
+        self, conn: Connection, state: ConversationState, reason: str, now: datetime
     ) -> Summary | None:
         """Seal up to the last message with no tool call awaiting its result."""
-        last_clean = (
-            await conn.execute(sa.select(C.c.last_clean_seq).where(C.c.id == state.id))
-        ).scalar_one()
+        last_clean = (conn.execute(sa.select(C.c.last_clean_seq).where(C.c.id == state.id))).scalar_one()
         upto = state.last_sequence if not state.open_tool_calls else last_clean
-        sealed = await self._seal_range(conn, state, reason, now, upto)
+        sealed = self._seal_range(conn, state, reason, now, upto)
         if sealed is None:
             return None
         rest = (
-            await conn.execute(
+            conn.execute(
                 sa.select(
                     func.count(),
                     func.coalesce(func.sum(sa.case((H.c.pinned == sa.false(), H.c.token_count), else_=0)), 0),
                 ).where(H.c.conversation_id == state.id, H.c.tier == "message", H.c.sequence > upto)
             )
         ).one()
-        await conn.execute(
+        conn.execute(
             sa.update(C)
             .where(C.c.id == state.id)
             .values(open_topic_messages=int(rest[0]), open_topic_tokens=int(rest[1]))
@@ -307,37 +301,39 @@ class SQLStore:
         return sealed
 
     async def seal(self, conversation_id: str, reason: str, now: datetime) -> Summary | None:
-        async def run(conn: AsyncConnection) -> Summary | None:
-            state = await self._locked_state(conn, conversation_id)
+        def run(conn: Connection) -> Summary | None:
+            state = self._locked_state(conn, conversation_id)
             if state is None:
                 raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
-            return await self._seal_locked(conn, state, reason, now)
+            return self._seal_locked(conn, state, reason, now)
 
         return await self._tx("sealing a topic", run, write=True)
 
     # -- reading --------------------------------------------------------------------------
 
     async def state(self, conversation_id: str) -> ConversationState | None:
-        async def run(conn: AsyncConnection) -> ConversationState | None:
-            row = (await conn.execute(sa.select(C).where(C.c.id == conversation_id))).one_or_none()
+        def run(conn: Connection) -> ConversationState | None:
+            row = (conn.execute(sa.select(C).where(C.c.id == conversation_id))).one_or_none()
             return None if row is None else to_state(row)
 
         return await self._tx("reading a conversation", run, write=False)
 
-    async def _page_newest(
-        self, conn: AsyncConnection, query: sa.Select[Any], seq_col: Any, token_cap: int, tool_units: bool
+    def _page_newest(
+        self, conn: Connection, query: sa.Select[Any], seq_col: Any, token_cap: int, tool_units: bool
     ) -> list[Any]:
         """Read rows newest-first in pages until ``token_cap`` tokens are in hand."""
         out: list[Any] = []
         tokens = 0
         bound: int | None = None
+        page = _FIRST_PAGE
         while True:
             q = query if bound is None else query.where(seq_col < bound)
-            rows = (await conn.execute(q.order_by(seq_col.desc()).limit(_PAGE))).all()
+            rows = (conn.execute(q.order_by(seq_col.desc()).limit(page))).all()
             out.extend(rows)
             tokens += sum(r.token_count for r in rows)
-            if len(rows) < _PAGE:
+            if len(rows) < page:
                 break
+            page = min(page * 4, _MAX_PAGE)
             bound = rows[-1].sequence
             # Keep reading past the cap only to complete a tool call with its results.
             if tokens >= token_cap and not (tool_units and rows[-1].role == "tool"):
@@ -346,9 +342,9 @@ class SQLStore:
         return out
 
     async def read_context(self, conversation_id: str, token_cap: int) -> ContextRows:
-        async def run(conn: AsyncConnection) -> ContextRows:
+        def run(conn: Connection) -> ContextRows:
             row = (
-                await conn.execute(
+                conn.execute(
                     sa.select(C, C.c.topics_merged_upto, C.c.archives_dropped_upto).where(
                         C.c.id == conversation_id
                     )
@@ -363,14 +359,18 @@ class SQLStore:
                 pinned = [
                     to_message(r)
                     for r in (
-                        await conn.execute(
-                            sa.select(H).where(is_msg, H.c.pinned == sa.true()).order_by(H.c.sequence)
+                        conn.execute(
+                            sa.select(*MESSAGE_COLUMNS)
+                            .where(is_msg, H.c.pinned == sa.true())
+                            .order_by(H.c.sequence)
                         )
                     ).all()
                 ]
-            verbatim_rows = await self._page_newest(
+            verbatim_rows = self._page_newest(
                 conn,
-                sa.select(H).where(is_msg, H.c.sequence > state.summarized_upto, H.c.pinned == sa.false()),
+                sa.select(*MESSAGE_COLUMNS).where(
+                    is_msg, H.c.sequence > state.summarized_upto, H.c.pinned == sa.false()
+                ),
                 H.c.sequence,
                 token_cap,
                 tool_units=True,
@@ -378,11 +378,13 @@ class SQLStore:
             verbatim = [to_message(r) for r in verbatim_rows]
             if state.summarized_upto >= state.last_sequence and state.last_sequence > 0:
                 newest = (
-                    await conn.execute(sa.select(H).where(is_msg, H.c.sequence == state.last_sequence))
+                    conn.execute(
+                        sa.select(*MESSAGE_COLUMNS).where(is_msg, H.c.sequence == state.last_sequence)
+                    )
                 ).one()
                 if not newest.pinned:
                     verbatim = [to_message(newest)]
-            topic_rows = await self._page_newest(
+            topic_rows = self._page_newest(
                 conn,
                 sa.select(H).where(
                     H.c.conversation_id == conversation_id,
@@ -395,7 +397,7 @@ class SQLStore:
                 token_cap,
                 tool_units=False,
             )
-            archive_rows = await self._page_newest(
+            archive_rows = self._page_newest(
                 conn,
                 sa.select(H).where(
                     H.c.conversation_id == conversation_id,
@@ -418,12 +420,12 @@ class SQLStore:
         return await self._tx("reading the context", run, write=False)
 
     async def history(self, conversation_id: str) -> History:
-        async def run(conn: AsyncConnection) -> History:
-            row = (await conn.execute(sa.select(C).where(C.c.id == conversation_id))).one_or_none()
+        def run(conn: Connection) -> History:
+            row = (conn.execute(sa.select(C).where(C.c.id == conversation_id))).one_or_none()
             if row is None:
                 raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
             rows = (
-                await conn.execute(
+                conn.execute(
                     sa.select(H)
                     .where(H.c.conversation_id == conversation_id)
                     .order_by(H.c.tier, H.c.sequence)
@@ -441,7 +443,7 @@ class SQLStore:
         return await self._tx("reading the history", run, write=False)
 
     async def search(self, conversation_id: str, text: str, limit: int) -> list[StoredMessage]:
-        async def run(conn: AsyncConnection) -> list[StoredMessage]:
+        def run(conn: Connection) -> list[StoredMessage]:
             q = (
                 sa.select(H)
                 .where(
@@ -452,13 +454,13 @@ class SQLStore:
                 .order_by(H.c.sequence.desc())
                 .limit(limit)
             )
-            return [to_message(r) for r in (await conn.execute(q)).all()]
+            return [to_message(r) for r in (conn.execute(q)).all()]
 
         return await self._tx("searching messages", run, write=False)
 
     async def conversation_ids(self) -> list[str]:
-        async def run(conn: AsyncConnection) -> list[str]:
-            return list((await conn.execute(sa.select(C.c.id).order_by(C.c.id))).scalars())
+        def run(conn: Connection) -> list[str]:
+            return list((conn.execute(sa.select(C.c.id).order_by(C.c.id))).scalars())
 
         return await self._tx("listing conversations", run, write=False)
 
@@ -473,7 +475,7 @@ class SQLStore:
         conversation_id: str | None,
         limit: int,
     ) -> list[ConversationState]:
-        async def run(conn: AsyncConnection) -> list[ConversationState]:
+        def run(conn: Connection) -> list[ConversationState]:
             free = sa.or_(C.c.lease_owner.is_(None), C.c.lease_expires_at < now)
             q = sa.select(C.c.id).where(free)
             if conversation_id is not None:
@@ -491,22 +493,22 @@ class SQLStore:
             q = q.order_by(C.c.updated_at).limit(limit)
             if self.caps.skip_locked:
                 q = q.with_for_update(skip_locked=True)
-            ids = list((await conn.execute(q)).scalars())
+            ids = list((conn.execute(q)).scalars())
             if not ids:
                 return []
-            await conn.execute(
+            conn.execute(
                 sa.update(C)
                 .where(C.c.id.in_(ids), free)
                 .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds))
             )
-            rows = (await conn.execute(sa.select(C).where(C.c.id.in_(ids), C.c.lease_owner == owner))).all()
+            rows = (conn.execute(sa.select(C).where(C.c.id.in_(ids), C.c.lease_owner == owner))).all()
             return [to_state(r) for r in rows]
 
         return await self._tx("claiming maintenance work", run, write=True)
 
     async def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:
-        async def run(conn: AsyncConnection) -> bool:
-            res = await conn.execute(
+        def run(conn: Connection) -> bool:
+            res = conn.execute(
                 sa.update(C)
                 .where(C.c.id == conversation_id, C.c.lease_owner == owner)
                 .values(lease_expires_at=until)
@@ -518,16 +520,16 @@ class SQLStore:
     async def release(
         self, owner: str, conversation_id: str, needs_maintenance: bool, next_retry_at: datetime | None
     ) -> None:
-        async def run(conn: AsyncConnection) -> None:
-            state = await self._locked_state(conn, conversation_id)
+        def run(conn: Connection) -> None:
+            state = self._locked_state(conn, conversation_id)
             if state is None or state.lease_owner != owner:
                 return
             merged_upto = (
-                await conn.execute(sa.select(C.c.topics_merged_upto).where(C.c.id == conversation_id))
+                conn.execute(sa.select(C.c.topics_merged_upto).where(C.c.id == conversation_id))
             ).scalar_one()
             # A topic sealed while we worked keeps the flag set, whatever this pass concluded.
             pending = (
-                await conn.execute(
+                conn.execute(
                     sa.select(func.count()).where(
                         H.c.conversation_id == conversation_id,
                         H.c.tier == "topic",
@@ -536,7 +538,7 @@ class SQLStore:
                     )
                 )
             ).scalar_one()
-            await conn.execute(
+            conn.execute(
                 sa.update(C)
                 .where(C.c.id == conversation_id)
                 .values(
@@ -552,22 +554,22 @@ class SQLStore:
     async def seal_if_silent(
         self, owner: str, conversation_id: str, silence_before: datetime, now: datetime
     ) -> Summary | None:
-        async def run(conn: AsyncConnection) -> Summary | None:
-            state = await self._fence(conn, owner, conversation_id)
+        def run(conn: Connection) -> Summary | None:
+            state = self._fence(conn, owner, conversation_id)
             if state.open_topic_messages == 0 or state.last_message_at is None:
                 return None
             if state.last_message_at >= silence_before:
                 return None
-            return await self._seal_locked(conn, state, "silence", now)
+            return self._seal_locked(conn, state, "silence", now)
 
         return await self._tx("sealing a silent topic", run, write=True)
 
     async def topics_to_summarize(
         self, conversation_id: str, now: datetime, max_attempts: int
     ) -> list[Summary]:
-        async def run(conn: AsyncConnection) -> list[Summary]:
+        def run(conn: Connection) -> list[Summary]:
             merged_upto = (
-                await conn.execute(sa.select(C.c.topics_merged_upto).where(C.c.id == conversation_id))
+                conn.execute(sa.select(C.c.topics_merged_upto).where(C.c.id == conversation_id))
             ).scalar_one()
             q = (
                 sa.select(H)
@@ -587,14 +589,14 @@ class SQLStore:
                 )
                 .order_by(H.c.sequence)
             )
-            return [to_summary(r) for r in (await conn.execute(q)).all()]
+            return [to_summary(r) for r in (conn.execute(q)).all()]
 
         return await self._tx("listing topics to summarise", run, write=False)
 
     async def next_retry(self, conversation_id: str, max_attempts: int) -> datetime | None:
-        async def run(conn: AsyncConnection) -> datetime | None:
+        def run(conn: Connection) -> datetime | None:
             value: datetime | None = (
-                await conn.execute(
+                conn.execute(
                     sa.select(func.min(H.c.next_attempt_at)).where(
                         H.c.conversation_id == conversation_id,
                         H.c.tier == "topic",
@@ -609,7 +611,7 @@ class SQLStore:
         return await self._tx("reading retry times", run, write=False)
 
     async def topic_messages(self, conversation_id: str, first: int, last: int) -> list[StoredMessage]:
-        async def run(conn: AsyncConnection) -> list[StoredMessage]:
+        def run(conn: Connection) -> list[StoredMessage]:
             q = (
                 sa.select(H)
                 .where(
@@ -620,16 +622,16 @@ class SQLStore:
                 )
                 .order_by(H.c.sequence)
             )
-            return [to_message(r) for r in (await conn.execute(q)).all()]
+            return [to_message(r) for r in (conn.execute(q)).all()]
 
         return await self._tx("reading a topic", run, write=False)
 
     async def save_topic_summary(
         self, owner: str, topic: Summary, write: SummaryWrite, now: datetime
     ) -> bool:
-        async def run(conn: AsyncConnection) -> bool:
-            await self._fence(conn, owner, topic.conversation_id)
-            res = await conn.execute(
+        def run(conn: Connection) -> bool:
+            self._fence(conn, owner, topic.conversation_id)
+            res = conn.execute(
                 sa.update(H)
                 .where(
                     H.c.id == topic.id,
@@ -665,15 +667,15 @@ class SQLStore:
             }
             if topic.status == "pending":
                 values["compressions"] = C.c.compressions + 1
-            await conn.execute(sa.update(C).where(C.c.id == topic.conversation_id).values(**values))
+            conn.execute(sa.update(C).where(C.c.id == topic.conversation_id).values(**values))
             return True
 
         return await self._tx("saving a topic summary", run, write=True)
 
     async def active_summaries(self, conversation_id: str, tier: str) -> list[Summary]:
-        async def run(conn: AsyncConnection) -> list[Summary]:
+        def run(conn: Connection) -> list[Summary]:
             row = (
-                await conn.execute(
+                conn.execute(
                     sa.select(C.c.topics_merged_upto, C.c.archives_dropped_upto).where(
                         C.c.id == conversation_id
                     )
@@ -690,7 +692,7 @@ class SQLStore:
                 .where(H.c.conversation_id == conversation_id, H.c.tier == tier, cond)
                 .order_by(H.c.sequence)
             )
-            return [to_summary(r) for r in (await conn.execute(q)).all()]
+            return [to_summary(r) for r in (conn.execute(q)).all()]
 
         return await self._tx("reading summaries", run, write=False)
 
@@ -700,14 +702,14 @@ class SQLStore:
         class _Conflict(Exception):
             pass
 
-        async def run(conn: AsyncConnection) -> Summary:
-            await self._fence(conn, owner, conversation_id)
+        def run(conn: Connection) -> Summary:
+            self._fence(conn, owner, conversation_id)
             counts = (
-                await conn.execute(sa.select(C.c.bulk_count, C.c.platform).where(C.c.id == conversation_id))
+                conn.execute(sa.select(C.c.bulk_count, C.c.platform).where(C.c.id == conversation_id))
             ).one()
             ordinal = counts.bulk_count + 1
             new_id = (
-                await conn.execute(
+                conn.execute(
                     sa.insert(H)
                     .values(
                         conversation_id=conversation_id,
@@ -737,14 +739,14 @@ class SQLStore:
                     .returning(H.c.id)
                 )
             ).scalar_one()
-            res = await conn.execute(
+            res = conn.execute(
                 sa.update(H)
                 .where(H.c.id.in_([t.id for t in topics]), H.c.merged_into.is_(None), H.c.status != "pending")
                 .values(merged_into=new_id)
             )
             if res.rowcount != len(topics):
                 raise _Conflict
-            await conn.execute(
+            conn.execute(
                 sa.update(C)
                 .where(C.c.id == conversation_id)
                 .values(
@@ -754,7 +756,7 @@ class SQLStore:
                     updated_at=now,
                 )
             )
-            return to_summary((await conn.execute(sa.select(H).where(H.c.id == new_id))).one())
+            return to_summary((conn.execute(sa.select(H).where(H.c.id == new_id))).one())
 
         try:
             return await self._tx("saving an archive", run, write=True)
@@ -762,27 +764,23 @@ class SQLStore:
             return None
 
     async def drop_archives(self, owner: str, conversation_id: str, ids: Sequence[int], now: datetime) -> int:
-        async def run(conn: AsyncConnection) -> int:
-            await self._fence(conn, owner, conversation_id)
-            res = await conn.execute(
+        def run(conn: Connection) -> int:
+            self._fence(conn, owner, conversation_id)
+            res = conn.execute(
                 sa.update(H).where(H.c.id.in_(list(ids)), H.c.dropped_at.is_(None)).values(dropped_at=now)
             )
-            top = (
-                await conn.execute(sa.select(func.max(H.c.sequence)).where(H.c.id.in_(list(ids))))
-            ).scalar_one()
-            await conn.execute(
-                sa.update(C).where(C.c.id == conversation_id).values(archives_dropped_upto=top)
-            )
+            top = (conn.execute(sa.select(func.max(H.c.sequence)).where(H.c.id.in_(list(ids))))).scalar_one()
+            conn.execute(sa.update(C).where(C.c.id == conversation_id).values(archives_dropped_upto=top))
             return int(res.rowcount)
 
         return await self._tx("dropping archives", run, write=True)
 
     async def stats(self, conversation_id: str | None) -> list[ConversationStats]:
-        async def run(conn: AsyncConnection) -> list[ConversationStats]:
+        def run(conn: Connection) -> list[ConversationStats]:
             cq = sa.select(C)
             if conversation_id is not None:
                 cq = cq.where(C.c.id == conversation_id)
-            convs = (await conn.execute(cq.order_by(C.c.id))).all()
+            convs = (conn.execute(cq.order_by(C.c.id))).all()
             if conversation_id is not None and not convs:
                 raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
             aq = sa.select(
@@ -807,14 +805,14 @@ class SQLStore:
             ).group_by(H.c.conversation_id, H.c.tier)
             if conversation_id is not None:
                 aq = aq.where(H.c.conversation_id == conversation_id)
-            agg: dict[tuple[str, str], Any] = {(r[0], r[1]): r for r in (await conn.execute(aq)).all()}
+            agg: dict[tuple[str, str], Any] = {(r[0], r[1]): r for r in (conn.execute(aq)).all()}
             out = []
             for c in convs:
                 msg = agg.get((c.id, "message"))
                 top = agg.get((c.id, "topic"))
                 blk = agg.get((c.id, "bulk"))
                 uncovered = (
-                    await conn.execute(
+                    conn.execute(
                         sa.select(func.coalesce(func.sum(H.c.token_count), 0)).where(
                             H.c.conversation_id == c.id,
                             H.c.tier == "message",

@@ -195,9 +195,8 @@ class ExtractiveSummarizer:
         group, last_label = -1, None
         for message in messages:
             sentences = _split_sentences(message.content)
-            label = message.role.capitalize() or "Unknown"
-            if message.name:
-                label = f"{message.name} ({message.role})"
+            role = message.role or "unknown"
+            label = f"{message.name} ({role})" if message.name else role.capitalize()
             if sentences and label != last_label:
                 group, last_label = group + 1, label
             raw += [(group, f"{label}: ", message.role, s) for s in sentences]

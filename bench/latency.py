@@ -1,0 +1,547 @@
+"""get_context latency and add_message throughput on SQLite and PostgreSQL.
+
+For every backend and size N, one conversation is filled with N messages (mixed
+lengths, an explicit topic-change phrase every ~30 messages, timestamps seconds
+apart and ending now), ``maintain()`` builds the tiers, then ``get_context`` is
+timed. Usage (from the repository root)::
+
+    python -m bench.latency --backend all --sizes 1000,10000,100000 --out docs/benchmarks.md
+
+How the history is filled: all but the last ``--tail`` messages are inserted in
+bulk with SQLAlchemy Core, exactly the rows ``add_message`` would write (token
+counts from ``HistoryCompressor.prepare``, topic boundaries from the compressor's
+own boundary policy, pending topic rows like ``SQLStore._seal_range``); the last
+``--tail`` messages go through ``add_message``. ``maintain()`` then summarises,
+merges and drops with the real code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as ``python bench/latency.py``
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import sqlalchemy as sa  # noqa: E402
+from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
+
+from bench._common import REPO, git_revision, log, machine, percentile, table, update_section  # noqa: E402
+from tiered_history import HistoryCompressor, SyncHistoryCompressor  # noqa: E402
+from tiered_history.core.boundaries import OpenTopic  # noqa: E402
+from tiered_history.store.schema import conversation_history as H  # noqa: E402
+from tiered_history.store.schema import conversations as C  # noqa: E402
+
+PG_ADMIN_URL = os.environ.get("TIERED_HISTORY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+MAX_TOKENS = 8000
+
+_COMMON = (
+    "the a to and of in that is it for on with as this was be at by not are from or have an they which "
+    "you we can will would should could about there their what when so if more some then than into also "
+    "just like only over such because these those other how after before while where very much many most"
+).split()
+_SUBJECTS = (
+    "database migration schema index query latency cache deploy release budget invoice customer order "
+    "shipping warehouse garden tomato recipe oven flour travel flight hotel museum train ticket guitar "
+    "chord concert piano lesson marathon training shoes injury recovery python typescript compiler test "
+    "fixture coverage refactor kubernetes cluster node pod ingress certificate renewal mortgage interest "
+    "savings pension insurance claim dentist appointment vaccine allergy pollen weather forecast storm "
+    "camping tent trail mountain lake fishing boat sailing wind harbour novel chapter author poem essay"
+).split()
+_SHIFTS = (
+    "Let's move on to {s}.",
+    "New topic: {s}.",
+    "On another note, what about {s}?",
+    "Changing the subject, {s}.",
+    "Unrelated question about {s}.",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Msg:
+    role: str
+    content: str
+    timestamp: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "content": self.content, "timestamp": self.timestamp}
+
+
+def generate(n: int, seed: int = 7, end: datetime | None = None) -> list[Msg]:
+    """``n`` alternating user/assistant messages, 20-600 characters, a topic phrase every ~30."""
+    rng = random.Random(seed)
+    end = end or datetime.now(UTC)
+    gaps = [rng.uniform(2.0, 20.0) for _ in range(n)]
+    t = end - timedelta(seconds=sum(gaps))
+    out: list[Msg] = []
+    next_shift = rng.randint(13, 17) * 2
+    subjects = rng.sample(_SUBJECTS, 6)
+    for i in range(n):
+        t += timedelta(seconds=gaps[i])
+        role = "user" if i % 2 == 0 else "assistant"
+        r = rng.random()
+        length = rng.randint(20, 120) if r < 0.5 else rng.randint(120, 350) if r < 0.85 else rng.randint(350, 600)
+        prefix = ""
+        if i == next_shift:
+            subjects = rng.sample(_SUBJECTS, 6)
+            prefix = rng.choice(_SHIFTS).format(s=" and ".join(subjects[:2])) + " "
+            next_shift += rng.randint(13, 17) * 2
+        words: list[str] = []
+        size = len(prefix)
+        while size < length or len(words) < 3:
+            w = rng.choice(subjects) if rng.random() < 0.25 else rng.choice(_COMMON)
+            words.append(w)
+            size += len(w) + 1
+        body = " ".join(words)
+        body = body[0].upper() + body[1:] + rng.choice((".", "?", "!", "."))
+        out.append(Msg(role, (prefix + body)[: max(length, len(prefix) + 1)], t))
+    return out
+
+
+# -- databases --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Database:
+    backend: str
+    url: str
+    cleanup: Callable[[], None]
+
+
+def make_database(backend: str, tmp: Path) -> Database:
+    if backend == "sqlite":
+        path = tmp / f"bench-{uuid.uuid4().hex[:8]}.db"
+
+        def rm() -> None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(str(path) + suffix).unlink(missing_ok=True)
+
+        return Database("sqlite", f"sqlite:///{path}", rm)
+    import psycopg
+
+    name = f"th_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return Database("postgresql", f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}", drop)
+
+
+def pg_version() -> str:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        return str(row[0]) if row else "?"
+    except Exception as exc:  # report, do not fail the SQLite part
+        return f"unavailable ({type(exc).__name__})"
+
+
+# -- filling -----------------------------------------------------------------------------------------
+
+
+def _chunks(items: list[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+async def bulk_fill(h: HistoryCompressor, cid: str, msgs: list[Msg]) -> None:
+    """Insert ``msgs`` as ``add_message`` would, in a few large transactions."""
+    now = datetime.now(UTC)
+    rows: list[dict[str, Any]] = []
+    topics: list[dict[str, Any]] = []
+    seq = 0
+    topic_start, open_tokens, open_msgs, last_ts = 1, 0, 0, None
+    first_ts: dict[int, datetime] = {}
+    full_sum = 0
+
+    def seal(reason: str, upto: int) -> None:
+        topics.append(
+            dict(
+                conversation_id=cid,
+                platform=None,
+                tier="topic",
+                content="",
+                token_count=0,
+                sequence=len(topics) + 1,
+                created_at=now,
+                sealed_at=now,
+                status="pending",
+                sealed_reason=reason,
+                first_sequence=topic_start,
+                last_sequence=upto,
+                started_at=first_ts[topic_start],
+                ended_at=rows[upto - 1]["created_at"],
+                source_tokens=full_sum,
+                stored_at=now,
+            )
+        )
+
+    for m in msgs:
+        prepared = h.prepare(m.as_dict())
+        reason = h._policy(OpenTopic(open_msgs, open_tokens, last_ts, False), prepared)
+        if reason is not None:
+            seal(reason, seq)
+            topic_start, open_tokens, open_msgs, full_sum = seq + 1, 0, 0, 0
+        seq += 1
+        first_ts.setdefault(seq, m.timestamp)
+        rows.append(
+            dict(
+                conversation_id=cid,
+                platform=None,
+                tier="message",
+                content=m.content,
+                token_count=prepared.token_count,
+                full_token_count=prepared.full_token_count,
+                context_content=prepared.context_content,
+                sequence=seq,
+                created_at=m.timestamp,
+                role=m.role,
+                name=None,
+                tool_calls=None,
+                tool_call_id=None,
+                pinned=False,
+                meta=None,
+                stored_at=now,
+            )
+        )
+        open_tokens += prepared.token_count
+        open_msgs += 1
+        full_sum += prepared.full_token_count
+        last_ts = m.timestamp if last_ts is None or m.timestamp > last_ts else last_ts
+    conv = dict(
+        id=cid,
+        platform=None,
+        encoding=h.counter.encoding_name,
+        created_at=now,
+        updated_at=now,
+        last_sequence=seq,
+        last_message_at=last_ts,
+        topic_start_seq=topic_start,
+        open_topic_tokens=open_tokens,
+        open_topic_messages=open_msgs,
+        open_tool_calls=None,
+        last_clean_seq=seq,
+        topic_count=len(topics),
+        bulk_count=0,
+        summarized_upto=0,
+        pinned_count=0,
+        needs_maintenance=bool(topics),
+    )
+    batches: list[tuple[Any, list[dict[str, Any]]]] = [(sa.insert(C), [conv])]
+    batches += [(sa.insert(H), chunk) for chunk in _chunks(rows, 5000)]
+    batches += [(sa.insert(H), chunk) for chunk in _chunks(topics, 5000)]
+    engine = h.store.engine  # type: ignore[attr-defined]
+    if isinstance(engine, AsyncEngine):
+        for stmt, chunk in batches:
+            async with engine.begin() as aconn:
+                await aconn.execute(stmt, chunk)
+    else:  # a store built on a blocking Engine (and a thread pool)
+        for stmt, chunk in batches:
+            with engine.begin() as conn:
+                conn.execute(stmt, chunk)
+
+
+# -- measuring ---------------------------------------------------------------------------------------
+
+
+def summarize_ms(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    return {
+        "p50": percentile(s, 50),
+        "p90": percentile(s, 90),
+        "p99": percentile(s, 99),
+        "mean": statistics.fmean(s),
+    }
+
+
+async def time_async(fn: Callable[[], Awaitable[Any]], calls: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        await fn()
+    out: list[float] = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        await fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def time_sync(fn: Callable[[], Any], calls: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out: list[float] = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+@dataclass
+class SizeResult:
+    backend: str
+    size: int
+    fill_seconds: float
+    tail_rate: float
+    maintain_seconds: float
+    topics: int
+    archives: int
+    context: dict[str, float] = field(default_factory=dict)
+    sync_context: dict[str, float] = field(default_factory=dict)
+    shape: str = ""
+
+
+async def run_size(backend: str, size: int, tmp: Path, tail: int, calls: int, warmup: int) -> SizeResult:
+    db = make_database(backend, tmp)
+    try:
+        msgs = generate(size, seed=size)
+        cid = "bench-conversation"
+        h = HistoryCompressor(db.url)
+        await h.initialize()
+        t0 = time.perf_counter()
+        bulk = msgs[: max(size - tail, 0)]
+        if bulk:
+            await bulk_fill(h, cid, bulk)
+        t1 = time.perf_counter()
+        for m in msgs[len(bulk) :]:
+            await h.add_message(cid, m.as_dict())
+        t2 = time.perf_counter()
+        tail_n = size - len(bulk)
+        log(f"  {backend} N={size}: bulk {len(bulk)} rows {t1 - t0:.1f}s, add_message x{tail_n} {t2 - t1:.1f}s")
+        t3 = time.perf_counter()
+        report = await h.maintain(cid)
+        maintain_s = time.perf_counter() - t3
+        log(f"  maintain {maintain_s:.1f}s: {report}")
+        stats = (await h.stats(cid))[0]
+        ctx = await h.get_context(cid, MAX_TOKENS)
+        shape = (
+            f"{len(ctx.current_topic)} msgs + {len(ctx.historical_topics)} topics + "
+            f"{len(ctx.bulk_archives)} archives, {ctx.total_tokens} tokens"
+        )
+        samples = await time_async(lambda: h.get_context(cid, MAX_TOKENS), calls, warmup)
+        await h.close()
+        sync = SyncHistoryCompressor(db.url)
+        try:
+            sync_samples = time_sync(lambda: sync.get_context(cid, MAX_TOKENS), calls, warmup)
+        finally:
+            sync.close()
+        return SizeResult(
+            backend=backend,
+            size=size,
+            fill_seconds=t2 - t0,
+            tail_rate=tail_n / (t2 - t1) if tail_n else float("nan"),
+            maintain_seconds=maintain_s,
+            topics=stats.topics,
+            archives=stats.archives,
+            context=summarize_ms(samples),
+            sync_context=summarize_ms(sync_samples),
+            shape=shape,
+        )
+    finally:
+        db.cleanup()
+
+
+@dataclass
+class Throughput:
+    backend: str
+    single: float
+    multi: float
+    messages: int
+
+
+async def run_throughput(backend: str, tmp: Path, n: int) -> Throughput:
+    """Sequential add_message: one conversation, then round-robin over 100 conversations."""
+    db = make_database(backend, tmp)
+    try:
+        msgs = generate(n, seed=1)
+        h = HistoryCompressor(db.url)
+        await h.initialize()
+        await h.add_message("warm", msgs[0].as_dict())
+        t = time.perf_counter()
+        for m in msgs:
+            await h.add_message("single", m.as_dict())
+        single = n / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for i, m in enumerate(msgs):
+            await h.add_message(f"multi-{i % 100}", m.as_dict())
+        multi = n / (time.perf_counter() - t)
+        await h.close()
+        return Throughput(backend, single, multi, n)
+    finally:
+        db.cleanup()
+
+
+def import_time(runs: int = 5) -> tuple[float, str]:
+    """Median wall time of ``import tiered_history`` in a fresh interpreter, and the heaviest imports."""
+    code = "import time; t = time.perf_counter(); import tiered_history; print(time.perf_counter() - t)"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    times = []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+        times.append(float(out.stdout.strip()) * 1000)
+    prof = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import tiered_history"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    ).stderr
+    heavy: list[tuple[int, str]] = []
+    for line in prof.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and parts[1].strip().isdigit():
+            name = parts[2].rstrip()
+            depth = (len(name) - len(name.lstrip())) // 2
+            if depth <= 1:
+                heavy.append((int(parts[1]), name.strip()))
+    heavy.sort(reverse=True)
+    top = ", ".join(f"{n} {us / 1000:.0f} ms" for us, n in heavy[:6])
+    return statistics.median(times), top
+
+
+# -- report ------------------------------------------------------------------------------------------
+
+
+def render(
+    sizes: list[SizeResult], thr: list[Throughput], imp: tuple[float, str] | None, args: argparse.Namespace
+) -> str:
+    lines = [
+        "### Run",
+        "",
+        f"- Machine: {machine()}; PostgreSQL {pg_version()}",
+        f"- Library: git {git_revision()}",
+        f"- Command: `python -m bench.latency --backend {args.backend} --sizes {args.sizes} "
+        f"--calls {args.calls} --tail {args.tail}`",
+        f"- get_context(conv, max_tokens={MAX_TOKENS}): {args.warmup} warm-up calls, then {args.calls} "
+        "timed calls, one at a time; default settings, extractive summariser.",
+        "",
+        "### get_context latency (ms)",
+        "",
+    ]
+    rows = []
+    for r in sizes:
+        a, s = r.context, r.sync_context
+        rows.append(
+            [
+                r.backend,
+                f"{r.size:,}",
+                f"{r.topics:,} / {r.archives:,}",
+                f"{a['p50']:.2f}",
+                f"{a['p90']:.2f}",
+                f"{a['p99']:.2f}",
+                f"{s['p50']:.2f}",
+                f"{s['p90']:.2f}",
+                f"{s['p99']:.2f}",
+            ]
+        )
+    lines.append(
+        table(
+            [
+                "backend",
+                "messages",
+                "topics / archives",
+                "async p50",
+                "async p90",
+                "async p99",
+                "sync p50",
+                "sync p90",
+                "sync p99",
+            ],
+            rows,
+        )
+    )
+    lines += ["", "Context returned (per size):", ""]
+    lines += [f"- {r.backend} {r.size:,}: {r.shape}" for r in sizes]
+    lines += ["", "### Filling and maintenance", ""]
+    lines.append(
+        table(
+            ["backend", "messages", "fill (s)", "add_message tail (msg/s)", "maintain() (s)"],
+            [
+                [
+                    r.backend,
+                    f"{r.size:,}",
+                    f"{r.fill_seconds:.1f}",
+                    f"{r.tail_rate:.0f} (last {min(args.tail, r.size)} msgs)",
+                    f"{r.maintain_seconds:.1f}",
+                ]
+                for r in sizes
+            ],
+        )
+    )
+    if thr:
+        lines += ["", "### add_message throughput (sequential, one awaited call at a time)", ""]
+        lines.append(
+            table(
+                ["backend", "messages", "1 conversation (msg/s)", "100 conversations round-robin (msg/s)"],
+                [[t.backend, t.messages, f"{t.single:.0f}", f"{t.multi:.0f}"] for t in thr],
+            )
+        )
+    if imp is not None:
+        lines += [
+            "",
+            "### Import time",
+            "",
+            f"`import tiered_history` in a fresh interpreter: median {imp[0]:.0f} ms over 5 runs. "
+            f"Heaviest top-level imports (`-X importtime`, cumulative): {imp[1]}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+async def main_async(args: argparse.Namespace) -> str:
+    backends = ["sqlite", "postgresql"] if args.backend == "all" else [args.backend]
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    results: list[SizeResult] = []
+    thr: list[Throughput] = []
+    with tempfile.TemporaryDirectory(prefix="th-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        for backend in backends:
+            if args.throughput > 0:
+                log(f"{backend}: add_message throughput ({args.throughput} messages)")
+                thr.append(await run_throughput(backend, tmp, args.throughput))
+            for size in sizes:
+                log(f"{backend}: N={size}")
+                results.append(await run_size(backend, size, tmp, args.tail, args.calls, args.warmup))
+    imp = import_time() if not args.no_import else None
+    return render(results, thr, imp, args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--backend", choices=["sqlite", "postgresql", "all"], default="all")
+    p.add_argument("--sizes", default="1000,10000,100000")
+    p.add_argument("--calls", type=int, default=300, help="timed get_context calls per size")
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--tail", type=int, default=500, help="last messages added through add_message")
+    p.add_argument("--throughput", type=int, default=1000, help="messages for the throughput test (0: skip)")
+    p.add_argument("--no-import", action="store_true", help="skip the import-time measurement")
+    p.add_argument("--out", type=Path, help="update the latency section of this markdown file")
+    args = p.parse_args(argv)
+    md = asyncio.run(main_async(args))
+    if args.out:
+        update_section(args.out, "latency", md)
+        log(f"updated {args.out}")
+    else:
+        print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,568 @@
+"""Concurrent maintenance: many worker processes, killed and stalled workers, the background scheduler.
+
+Child processes use the ``spawn`` start method, so everything they run lives at module level here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from tiered_history import HistoryCompressor, MaintenanceReport
+from tiered_history.scheduler import BackgroundMaintenance, run_worker
+from tiered_history.settings import Settings
+from tiered_history.summarizers.base import SummaryInput, SummaryPiece, SummaryResult
+
+pytestmark = pytest.mark.slow
+
+SPAWN = multiprocessing.get_context("spawn")
+
+#: Settings shared by every process of the multi-process test: small, so seals and merges happen.
+CONCURRENT_SETTINGS: dict[str, Any] = {
+    "context_budget": 600,
+    "lease_seconds": 30,
+    "summarize_inline": False,
+    "boundaries": {"explicit": True, "temporal": False, "size": True},
+}
+
+FILLER = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima"
+
+
+# -- helpers that run in child processes ---------------------------------------------------------
+
+
+class _ErrorLog(logging.Handler):
+    """Collects ERROR records (``maintain()`` logs failures instead of raising them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(f"{record.name}: {record.getMessage()}")
+
+
+def _watch_errors() -> _ErrorLog:
+    handler = _ErrorLog()
+    logging.getLogger("tiered_history").addHandler(handler)
+    return handler
+
+
+class _Recorder:
+    """Stands in for the compressor given to ``run_worker``; records every report."""
+
+    def __init__(self, hc: HistoryCompressor) -> None:
+        self.hc = hc
+        self.reports: list[MaintenanceReport] = []
+        self.exceptions: list[str] = []
+
+    async def maintain(self, conversation_id: str | None = None, now: datetime | None = None) -> Any:
+        try:
+            report = await self.hc.maintain(conversation_id, now)
+        except Exception as exc:
+            self.exceptions.append(repr(exc))
+            raise
+        self.reports.append(report)
+        return report
+
+
+def _totals(reports: Sequence[MaintenanceReport]) -> dict[str, Any]:
+    return {
+        "passes": len(reports),
+        "sealed": sum(r.sealed for r in reports),
+        "summarized": sum(r.summarized for r in reports),
+        "merged": sum(r.merged for r in reports),
+        "dropped": sum(r.dropped for r in reports),
+        "lease_lost": sum(r.lease_lost for r in reports),
+        "errors": [e for r in reports for e in r.errors],
+    }
+
+
+def _worker_main(url: str, stop: Any, result_path: str) -> None:
+    """A standalone maintenance worker: ``run_worker`` until the parent sets ``stop``."""
+
+    async def main() -> dict[str, Any]:
+        errors = _watch_errors()
+        hc = HistoryCompressor(url, **CONCURRENT_SETTINGS)
+        rec = _Recorder(hc)
+        done = asyncio.Event()
+
+        async def bridge() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+            done.set()
+
+        watcher = asyncio.create_task(bridge())
+        await run_worker(cast(Any, rec), 0.02, done)
+        await watcher
+        await hc.close()
+        return {**_totals(rec.reports), "exceptions": rec.exceptions, "logged": errors.messages}
+
+    result = asyncio.run(main())
+    Path(result_path).write_text(json.dumps(result))
+
+
+def _writer_main(url: str, writer: int, conversations: list[str], rounds: int, result_path: str) -> None:
+    """Appends ``rounds`` messages to each conversation, interleaved, a "new topic" every 4th."""
+
+    async def main() -> list[list[str]]:
+        sent: list[list[str]] = []
+        async with HistoryCompressor(url, **CONCURRENT_SETTINGS) as hc:
+            for i in range(rounds):
+                for cid in conversations:
+                    if i % 4 == 3:
+                        role, text = "user", f"New topic: w{writer} {cid} m{i} {FILLER}"
+                    else:
+                        role = "user" if i % 2 == 0 else "assistant"
+                        text = f"w{writer} {cid} m{i} {FILLER}"
+                    await hc.add_message(cid, {"role": role, "content": text})
+                    sent.append([cid, text])
+        return sent
+
+    Path(result_path).write_text(json.dumps(asyncio.run(main())))
+
+
+class BlockingSummarizer:
+    """Announces that it holds a topic, then blocks until ``release_path`` exists."""
+
+    name = "blocking"
+
+    def __init__(self, marker_path: str, release_path: str, worker_id: str = "") -> None:
+        self.marker_path = marker_path
+        self.release_path = release_path
+        self.worker_id = worker_id
+
+    async def summarize(self, messages: Sequence[SummaryInput], target_tokens: int) -> SummaryResult:
+        Path(self.marker_path).write_text(self.worker_id)
+        while not os.path.exists(self.release_path):
+            await asyncio.sleep(0.02)
+        return SummaryResult(text="ZOMBIE summary.", summarizer=self.name)
+
+    async def merge(self, pieces: Sequence[SummaryPiece], target_tokens: int) -> SummaryResult:
+        return await self.summarize([], target_tokens)
+
+
+#: A short lease, and a summariser timeout far beyond the test's length.
+LEASE_SETTINGS: dict[str, Any] = {
+    "lease_seconds": 2,
+    "topic_summary_tokens": 40,
+    "summarize_inline": False,
+    "summarizer": {"timeout": 600},
+    "boundaries": {"temporal": False},
+}
+
+
+def _stalled_worker_main(url: str, marker_path: str, release_path: str, result_path: str) -> None:
+    """One ``maintain()`` with a summariser that blocks: the lease is held, then expires."""
+
+    async def main() -> dict[str, Any]:
+        summarizer = BlockingSummarizer(marker_path, release_path)
+        hc = HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=summarizer)
+        summarizer.worker_id = hc.worker_id
+        report = await hc.maintain()
+        await hc.close()
+        return _totals([report])
+
+    Path(result_path).write_text(json.dumps(asyncio.run(main())))
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+
+async def check_consistent(hc: HistoryCompressor, cid: str) -> dict[str, int]:
+    """Every invariant of a fully maintained conversation; returns its topic and archive counts."""
+    h = await hc.get_history(cid)
+    assert [m.sequence for m in h.messages] == list(range(1, len(h.messages) + 1)), "sequence gap"
+    topics = sorted(h.topics, key=lambda t: t.sequence)
+    assert [t.sequence for t in topics] == list(range(1, len(topics) + 1))
+    expected_first = 1
+    for t in topics:
+        assert t.first_sequence == expected_first, f"{cid}: topic {t.sequence} range gap/overlap"
+        assert t.last_sequence >= t.first_sequence
+        expected_first = t.last_sequence + 1
+        assert t.status == "final", f"{cid}: topic {t.sequence} is {t.status}"
+        assert t.attempts == 1, f"{cid}: topic {t.sequence} summarised {t.attempts} times"
+        assert t.sealed_at is not None and t.sealed_reason in {"explicit", "size"}
+    assert h.open_topic_start == expected_first
+    archives = sorted(h.archives, key=lambda a: a.sequence)
+    assert [a.sequence for a in archives] == list(range(1, len(archives) + 1))
+    merged = [t for t in topics if t.merged_into is not None]
+    assert merged == topics[: len(merged)], "only the oldest topics are merged"
+    by_archive: dict[int, list[int]] = {}
+    for t in merged:
+        by_archive.setdefault(cast(int, t.merged_into), []).append(t.sequence)
+    assert sorted(by_archive) == sorted(a.id for a in archives), "an archive without its topics"
+    expected_first = 1
+    for a in archives:
+        members = [t for t in topics if t.merged_into == a.id]
+        assert (a.first_sequence, a.last_sequence) == (members[0].first_sequence, members[-1].last_sequence)
+        assert a.first_sequence == expected_first, f"{cid}: archive {a.sequence} range gap/overlap"
+        expected_first = a.last_sequence + 1
+    [stats] = await hc.stats(cid)
+    assert stats.topics_pending == 0
+    assert stats.compressions == len(topics) + len(archives), "a topic or archive was written twice"
+    state = await hc.store.state(cid)
+    assert state is not None
+    assert state.lease_owner is None and state.lease_expires_at is None, f"{cid}: lease left behind"
+    assert not state.needs_maintenance
+    assert state.summarized_upto == (topics[-1].last_sequence if topics else 0)
+    return {
+        "topics": len(topics),
+        "archives": len(archives),
+        "dropped": sum(a.dropped_at is not None for a in archives),
+    }
+
+
+async def maintain_until_quiet(hc: HistoryCompressor, limit: int = 20) -> list[MaintenanceReport]:
+    reports = []
+    for _ in range(limit):
+        r = await hc.maintain()
+        reports.append(r)
+        assert not r.errors, r.errors
+        if not (r.sealed or r.summarized or r.merged or r.dropped or r.conversations):
+            return reports
+    raise AssertionError(f"maintain() never went quiet: {reports[-3:]}")
+
+
+def join_all(procs: Sequence[Any], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(deadline - time.monotonic(), 0.1))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+        p.join(5)
+    assert not alive, f"{len(alive)} child processes did not finish in {timeout} s"
+    assert [p.exitcode for p in procs] == [0] * len(procs), "a child process failed (see its stderr)"
+
+
+# -- (a) many workers, many writers ---------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+async def test_three_workers_two_writers_postgres(pg_url: str, tmp_path: Path) -> None:
+    await _many_workers(pg_url, tmp_path, workers=3, writers=2, conversations=4, rounds=24)
+
+
+@pytest.mark.timeout(120)
+async def test_three_workers_two_writers_sqlite_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'workers.db'}"
+    await _many_workers(url, tmp_path, workers=3, writers=2, conversations=3, rounds=16)
+
+
+async def _many_workers(
+    url: str, tmp_path: Path, *, workers: int, writers: int, conversations: int, rounds: int
+) -> None:
+    convs = [f"conv-{i}" for i in range(conversations)]
+    async with HistoryCompressor(url, **CONCURRENT_SETTINGS) as hc:  # schema created once, up front
+        stop = SPAWN.Event()
+        worker_procs = [
+            SPAWN.Process(target=_worker_main, args=(url, stop, str(tmp_path / f"worker{i}.json")))
+            for i in range(workers)
+        ]
+        writer_procs = [
+            SPAWN.Process(
+                target=_writer_main, args=(url, w, convs, rounds, str(tmp_path / f"writer{w}.json"))
+            )
+            for w in range(writers)
+        ]
+        try:
+            for p in worker_procs + writer_procs:
+                p.start()
+            t0 = time.monotonic()
+            join_all(writer_procs, 60)
+            print("writers", time.monotonic() - t0)
+            # Let the workers catch up with the last writes, then stop them.
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                stats = await hc.stats()
+                if all(s.topics_pending == 0 for s in stats):
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+        print("caught up", time.monotonic() - t0)
+        join_all(worker_procs, 30)
+        print("workers joined", time.monotonic() - t0)
+
+        results = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(workers)]
+        for r in results:
+            assert r["exceptions"] == [] and r["errors"] == [] and r["logged"] == [], r
+            assert r["lease_lost"] == 0, "a lease was lost although it never expired"
+        assert sum(r["summarized"] for r in results) > 0, "the workers did no work"
+        parent = _totals(await maintain_until_quiet(hc))
+
+        sent = [
+            tuple(x) for w in range(writers) for x in json.loads((tmp_path / f"writer{w}.json").read_text())
+        ]
+        assert len(sent) == writers * conversations * rounds
+        topics = archives = dropped = 0
+        for cid in convs:
+            h = await hc.get_history(cid)
+            stored = [m.content for m in h.messages]
+            expected = [text for c, text in sent if c == cid]
+            assert Counter(stored) == Counter(expected), f"{cid}: messages lost or duplicated"
+            for w in range(writers):  # each writer's messages are stored in the order it sent them
+                mine = [s for s in stored if s.startswith((f"w{w} ", f"New topic: w{w} "))]
+                assert mine == [t for t in expected if t.startswith((f"w{w} ", f"New topic: w{w} "))]
+            counts = await check_consistent(hc, cid)
+            topics += counts["topics"]
+            archives += counts["archives"]
+            dropped += counts["dropped"]
+        assert topics >= conversations * 3, "too few topics: the test did not exercise sealing"
+        assert archives > 0, "no merges: the test did not exercise escalation"
+        everyone = [*results, parent]
+        assert sum(r["summarized"] for r in everyone) == topics, "a topic was summarised twice (or lost)"
+        assert sum(r["merged"] for r in everyone) == archives
+        assert sum(r["dropped"] for r in everyone) == dropped
+
+
+# -- (b) a worker dies or stalls while holding a lease ---------------------------------------
+
+
+async def _pending_topics(url: str) -> list[str]:
+    """Two conversations, each with one sealed topic large enough to need the summariser."""
+    convs = ["alpha", "beta"]
+    async with HistoryCompressor(url, **LEASE_SETTINGS) as hc:
+        for cid in convs:
+            for i in range(4):
+                role = "user" if i % 2 == 0 else "assistant"
+                await hc.add_message(cid, {"role": role, "content": f"{cid} point {i}: {FILLER} {FILLER}"})
+            await hc.add_message(cid, {"role": "user", "content": "New topic: something else"})
+            [t] = (await hc.get_history(cid)).topics
+            assert t.status == "pending"
+    return convs
+
+
+async def _wait_for(path: Path, proc: Any, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.is_alive(), "the stalled worker died early (see its stderr)"
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)  # the marker is written before the text is flushed on some systems
+    return path.read_text()
+
+
+async def _wait_out_leases(hc: HistoryCompressor, convs: Sequence[str]) -> None:
+    for cid in convs:
+        state = await hc.store.state(cid)
+        assert state is not None
+        if state.lease_expires_at is not None:
+            delay = (state.lease_expires_at - datetime.now(UTC)).total_seconds()
+            await asyncio.sleep(max(delay, 0) + 0.2)
+
+
+@pytest.mark.timeout(60)
+async def test_killed_worker_lease_is_taken_over(sql_url: str, tmp_path: Path) -> None:
+    convs = await _pending_topics(sql_url)
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    child = SPAWN.Process(
+        target=_stalled_worker_main, args=(sql_url, str(marker), str(release), str(tmp_path / "r.json"))
+    )
+    child.start()
+    try:
+        owner = await _wait_for(marker, child)
+        async with HistoryCompressor(sql_url, **LEASE_SETTINGS) as hc:
+            states = [await hc.store.state(cid) for cid in convs]
+            assert all(s is not None and s.lease_owner == owner for s in states), "child holds no lease"
+            child.kill()
+            child.join(10)
+            assert child.exitcode is not None and child.exitcode < 0
+
+            # Before the lease expires nobody may touch the conversations.
+            early = await hc.maintain()
+            assert (early.conversations, early.summarized) == (0, 0)
+            assert all(t.status == "pending" for cid in convs for t in (await hc.get_history(cid)).topics)
+
+            await _wait_out_leases(hc, convs)
+            report = await hc.maintain()
+            assert report.conversations == 2 and report.summarized == 2 and not report.errors
+            await maintain_until_quiet(hc)
+            for cid in convs:
+                h = await hc.get_history(cid)
+                assert len(h.messages) == 5
+                [t] = h.topics
+                assert (t.status, t.attempts, t.summarizer) == ("final", 1, "extractive")
+                await check_consistent(hc, cid)
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+
+
+@pytest.mark.timeout(60)
+async def test_stalled_worker_cannot_write_after_takeover(sql_url: str, tmp_path: Path) -> None:
+    """A worker that wakes up after its lease expired is fenced off: one summary per topic."""
+    convs = await _pending_topics(sql_url)
+    marker, release, result = tmp_path / "marker", tmp_path / "release", tmp_path / "r.json"
+    child = SPAWN.Process(target=_stalled_worker_main, args=(sql_url, str(marker), str(release), str(result)))
+    child.start()
+    try:
+        await _wait_for(marker, child)
+        async with HistoryCompressor(sql_url, **LEASE_SETTINGS) as hc:
+            await _wait_out_leases(hc, convs)
+            report = await hc.maintain()
+            assert report.summarized == 2 and not report.errors
+            release.write_text("go")  # the stalled worker now finishes its summary and tries to save it
+            join_all([child], 30)
+            zombie = json.loads(result.read_text())
+            assert zombie["summarized"] == 0 and zombie["merged"] == 0
+            assert zombie["lease_lost"] >= 1
+            await maintain_until_quiet(hc)
+            for cid in convs:
+                [t] = (await hc.get_history(cid)).topics
+                assert (t.status, t.attempts, t.summarizer) == ("final", 1, "extractive")
+                assert "ZOMBIE" not in t.content
+                await check_consistent(hc, cid)
+    finally:
+        release.touch()
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+
+
+# -- (c) the background scheduler and the standalone worker loop -----------------------------
+
+
+async def _wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+async def test_start_background_summarises_without_maintain_calls(sql_url: str) -> None:
+    hc = HistoryCompressor(sql_url, summarize_inline=False, boundaries={"temporal": False})
+    try:
+        await hc.start_background(0.1)
+        for i in range(3):
+            await hc.add_message("bg", {"role": "user", "content": f"New topic: subject {i}"})
+            await hc.add_message("bg", {"role": "assistant", "content": f"answer {i}"})
+
+        async def summarised() -> bool:
+            topics = (await hc.get_history("bg")).topics
+            return len(topics) == 2 and all(t.status == "final" for t in topics)
+
+        await _wait_until(summarised)
+        await hc.stop_background()
+        assert hc._background is None
+        await hc.stop_background()  # idempotent
+
+        await hc.add_message("bg", {"role": "user", "content": "New topic: after stop"})
+        await asyncio.sleep(0.5)
+        topics = (await hc.get_history("bg")).topics
+        assert [t.status for t in topics] == ["final", "final", "pending"], "maintenance ran after stop"
+        state = await hc.store.state("bg")
+        assert state is not None and state.lease_owner is None
+    finally:
+        await hc.close()
+
+
+class SlowSummarizer:
+    name = "slow"
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.entered = asyncio.Event()
+        self.finished = 0
+
+    async def summarize(self, messages: Sequence[SummaryInput], target_tokens: int) -> SummaryResult:
+        self.entered.set()
+        await asyncio.sleep(self.delay)
+        self.finished += 1
+        return SummaryResult(text="A short slow summary.", summarizer=self.name)
+
+    async def merge(self, pieces: Sequence[SummaryPiece], target_tokens: int) -> SummaryResult:
+        return await self.summarize([], target_tokens)
+
+
+@pytest.mark.timeout(60)
+async def test_stop_background_waits_for_the_running_pass(tmp_path: Path) -> None:
+    slow = SlowSummarizer(0.8)
+    url = f"sqlite:///{tmp_path / 'bg.db'}"
+    async with HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=slow) as hc:
+        for i in range(4):
+            await hc.add_message("c", {"role": "user", "content": f"point {i}: {FILLER} {FILLER}"})
+        await hc.add_message("c", {"role": "user", "content": "New topic: next"})
+        await hc.start_background(0.05)
+        await asyncio.wait_for(slow.entered.wait(), 10)
+        await hc.stop_background()
+        assert slow.finished == 1, "stop_background() cancelled the pass instead of waiting for it"
+        [t] = (await hc.get_history("c")).topics
+        assert (t.status, t.summarizer, t.attempts) == ("final", "slow", 1)
+        state = await hc.store.state("c")
+        assert state is not None and state.lease_owner is None, "lease left behind by the stopped pass"
+
+
+class FlakyCompressor:
+    """``maintain()`` raises for the first ``failures`` calls; records when it was called."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls: list[float] = []
+
+    async def maintain(self, conversation_id: str | None = None, now: datetime | None = None) -> Any:
+        self.calls.append(time.monotonic())
+        if len(self.calls) <= self.failures:
+            raise RuntimeError(f"database down ({len(self.calls)})")
+        return MaintenanceReport(conversations=1, summarized=1)
+
+
+async def test_background_job_logs_exceptions_and_keeps_running(caplog: pytest.LogCaptureFixture) -> None:
+    flaky = FlakyCompressor(failures=1000)
+    bg = BackgroundMaintenance(cast(Any, flaky), 0.05)
+    with caplog.at_level(logging.ERROR, logger="tiered_history"):
+        bg.start()
+        await asyncio.sleep(0.4)
+        await bg.stop()
+    assert len(flaky.calls) >= 3, "the job stopped after an exception"
+    assert bg.failures == len(flaky.calls)
+    assert any("database down" in r.getMessage() or r.exc_info for r in caplog.records)
+    calls = len(flaky.calls)
+    await asyncio.sleep(0.2)
+    assert len(flaky.calls) == calls, "the job still runs after stop()"
+
+
+async def test_run_worker_backs_off_after_failures_and_stops_on_event() -> None:
+    flaky = FlakyCompressor(failures=3)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_worker(cast(Any, flaky), 0.02, stop))
+    await _wait_until(_async(lambda: len(flaky.calls) >= 6), timeout=5)
+    stop.set()
+    await asyncio.wait_for(task, 1)
+    gaps = [b - a for a, b in zip(flaky.calls, flaky.calls[1:], strict=False)]
+    # 0.04, 0.08, 0.16 after the three failures, then back to the 0.02 interval.
+    assert gaps[0] >= 0.035 and gaps[1] >= 0.075 and gaps[2] >= 0.15
+    assert gaps[3] < 0.1
+
+
+async def test_run_worker_returns_promptly_when_stopped_during_a_long_wait() -> None:
+    flaky = FlakyCompressor(failures=0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_worker(cast(Any, flaky), 3600, stop))
+    await _wait_until(_async(lambda: len(flaky.calls) == 1), timeout=5)
+    started = time.monotonic()
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    assert time.monotonic() - started < 1 and len(flaky.calls) == 1
+
+
+def _async(fn: Any) -> Any:
+    async def predicate() -> bool:
+        return bool(fn())
+
+    return predicate

@@ -1,0 +1,960 @@
+"""``tiered-history``: a thin command line over :class:`~tiered_history.SyncHistoryCompressor`.
+
+Every command opens the store named by ``--database-url`` (or ``TIERED_HISTORY_DATABASE_URL``,
+or ``database_url`` in the config file, or a SQLite file in the user data directory),
+calls one library method and prints the result: rich tables for people, ``--json`` for
+programs. Errors are one line on stderr: exit 1 for library, database and input-file
+errors, 2 for usage errors, 130 when interrupted. Never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
+
+from .errors import ConversationNotFoundError, InvalidMessageError, TieredHistoryError
+from .models import CompressedContext, ConversationStats, History, Message, StoredMessage, Summary
+from .settings import Settings
+from .sync import SyncHistoryCompressor
+
+if TYPE_CHECKING:
+    from .service import HistoryCompressor
+
+#: Conversation id the ``demo`` command replays the bundled sample into.
+DEMO_CONVERSATION = "demo"
+#: Metadata key holding an imported message's key (see ``import``).
+IMPORT_KEY = "import_key"
+
+_MESSAGE_FIELDS = ("role", "content", "name", "timestamp", "tool_calls", "tool_call_id", "pinned", "metadata")
+_TIER_STYLE = {"current": "green", "topic": "cyan", "bulk": "magenta"}
+_TIER_LABEL = {"current": "current topic", "topic": "topic summaries", "bulk": "bulk archives"}
+
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False)
+
+
+#: Click's exception classes as typer uses them (typer >= 0.22 vendors its own copy of click).
+_cx: Any = sys.modules[typer.BadParameter.__module__]
+
+
+class InputFileError(Exception):
+    """A transcript file cannot be read or parsed (exit 1)."""
+
+
+# -- error handling: one line on stderr, no traceback ---------------------------------------------
+
+
+def _fail(message: str, code: int) -> None:
+    line = " ".join(str(message).split()) or "failed"
+    typer.echo(f"error: {line}", err=True)
+    sys.exit(code)
+
+
+class _Group(TyperGroup):
+    """The root command group: turns every failure into one line on stderr and an exit code."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            rv = super().main(
+                args=args,
+                prog_name=prog_name,
+                complete_var=complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
+        except getattr(_cx, "NoArgsIsHelpError", ()) as exc:
+            typer.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+            sys.exit(2)
+        except _cx.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            _fail(exc.format_message() + hint, 2)
+        except typer.Abort:
+            _fail("aborted", 130)
+        except _cx.ClickException as exc:
+            _fail(exc.format_message(), exc.exit_code)
+        except (TieredHistoryError, InputFileError) as exc:
+            _fail(str(exc), 1)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except Exception as exc:  # a bug: still one line, never a traceback
+            _fail(f"unexpected {type(exc).__name__}: {exc}", 1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(
+    cls=_Group,
+    name="tiered-history",
+    help="Keep long chatbot conversations inside an LLM context window: inspect, import, maintain.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+db_app = typer.Typer(help="Database schema migrations (Alembic).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+# -- global options -----------------------------------------------------------------------------
+
+
+def default_database_url(create: bool = True) -> str:
+    """``sqlite:///<user data dir>/tiered-history/history.db``; the directory is created if missing."""
+    import platformdirs
+
+    folder = Path(platformdirs.user_data_dir("tiered-history", appauthor=False))
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'history.db'}"
+
+
+@dataclass
+class _Options:
+    database_url: str | None = None
+    config: Path | None = None
+    _settings: Settings | None = field(default=None, repr=False)
+
+    def settings(self, **overrides: Any) -> Settings:
+        if overrides:
+            return Settings.load(self.config, **overrides)
+        if self._settings is None:
+            self._settings = Settings.load(self.config)
+        return self._settings
+
+    def url(self, settings: Settings) -> str:
+        return self.database_url or settings.database_url or default_database_url()
+
+
+def _opts(ctx: typer.Context) -> _Options:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, _Options) else _Options()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"tiered-history {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            envvar="TIERED_HISTORY_DATABASE_URL",
+            help="sqlite:///path.db, postgresql://user@host/db or memory://. "
+            "Default: database_url from the config file, else history.db in the user data directory.",
+            show_default=False,
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="TIERED_HISTORY_CONFIG",
+            help="YAML settings file (see config.example.yaml).",
+            dir_okay=False,
+        ),
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Keep long chatbot conversations inside an LLM context window: inspect, import, maintain."""
+    ctx.obj = _Options(database_url=database_url or None, config=config)
+
+
+@contextlib.contextmanager
+def _open(ctx: typer.Context, url: str | None = None, **overrides: Any) -> Iterator[SyncHistoryCompressor]:
+    opts = _opts(ctx)
+    settings = opts.settings(**overrides)
+    compressor = SyncHistoryCompressor(url or opts.url(settings), settings=settings)
+    try:
+        compressor.initialize()
+        yield compressor
+    finally:
+        compressor.close()
+
+
+def _require(compressor: SyncHistoryCompressor, conversation_id: str) -> ConversationStats:
+    """Stats of one conversation; raises :class:`ConversationNotFoundError` if it was never stored."""
+    found = compressor.stats(conversation_id)
+    if not found:
+        raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+    return found[0]
+
+
+# -- output helpers -----------------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, default=_json_default, ensure_ascii=False, indent=2))
+
+
+def _abbrev(text: str, width: int = 90) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
+
+
+def _when(ts: datetime | None) -> str:
+    return ts.astimezone(UTC).strftime("%Y-%m-%d %H:%M") if ts else "-"
+
+
+def _mask(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def _message_text(m: StoredMessage, width: int) -> str:
+    if m.tool_calls:
+        calls = ", ".join(str(c.get("function", {}).get("name", "?")) for c in m.tool_calls)
+        return _abbrev(f"[tool call: {calls}] {m.content}".strip(), width)
+    return _abbrev(m.context_content, width)
+
+
+def _messages_table(title: str, messages: Sequence[StoredMessage], width: int = 70, limit: int = 0) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("time", style="dim", no_wrap=True)
+    table.add_column("role")
+    table.add_column("content", overflow="fold")
+    table.add_column("tokens", justify="right")
+    shown: list[StoredMessage | None] = list(messages)
+    if limit and len(messages) > limit:
+        head = max(limit // 3, 1)
+        shown = [*messages[:head], None, *messages[-(limit - head) :]]
+    for m in shown:
+        if m is None:
+            table.add_row("", "", "", f"… {len(messages) - limit} more messages …", "", style="dim")
+            continue
+        role = m.role + (" (pinned)" if m.pinned else "") + (f" ({m.name})" if m.name else "")
+        table.add_row(str(m.sequence), _when(m.timestamp), role, _message_text(m, width), str(m.token_count))
+    return table
+
+
+def _summaries_table(title: str, summaries: Sequence[Summary], width: int = 70) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("messages", no_wrap=True)
+    table.add_column("status")
+    table.add_column("summary", overflow="fold")
+    table.add_column("tokens", justify="right")
+    for s in summaries:
+        status = s.status + (" (dropped)" if s.dropped_at else "") + (" (merged)" if s.merged_into else "")
+        table.add_row(
+            str(s.sequence),
+            f"{s.first_sequence}–{s.last_sequence}",
+            status,
+            _abbrev(s.content or "(pending)", width),
+            str(s.token_count),
+        )
+    return table
+
+
+def show_context(ctx: CompressedContext, console: Console | None = None, limit: int = 12) -> None:
+    """Print each tier of a context (abbreviated) and its token split against the allocation."""
+    console = console or out
+    if ctx.pinned:
+        console.print(_messages_table(f"Pinned ({len(ctx.pinned)})", ctx.pinned))
+    console.print(_summaries_table(f"Bulk archives ({len(ctx.bulk_archives)})", ctx.bulk_archives))
+    console.print(_summaries_table(f"Topic summaries ({len(ctx.historical_topics)})", ctx.historical_topics))
+    console.print(
+        _messages_table(f"Current topic ({len(ctx.current_topic)} messages)", ctx.current_topic, limit=limit)
+    )
+    if ctx.omitted_messages:
+        console.print(
+            f"[dim]{ctx.omitted_messages} older messages of the current topic did not fit "
+            "(they are still stored).[/dim]"
+        )
+    split = Table(title="Token split", title_justify="left", show_edge=False, pad_edge=False)
+    split.add_column("tier")
+    split.add_column("used", justify="right")
+    split.add_column("allocated", justify="right")
+    split.add_column("share", justify="right")
+    budget = sum(ctx.allocation.values()) or 1
+    split.add_row("pinned", str(ctx.tier_tokens.get("pinned", 0)), "-", "-")
+    for key in ("current", "topic", "bulk"):
+        alloc = ctx.allocation.get(key, 0)
+        split.add_row(
+            Text(_TIER_LABEL[key], style=_TIER_STYLE[key]),
+            str(ctx.tier_tokens.get(key, 0)),
+            str(alloc),
+            f"{alloc / budget:.0%}",
+        )
+    split.add_row("framing", str(ctx.tier_tokens.get("framing", 0)), "-", "-")
+    split.add_row(Text("total", style="bold"), Text(str(ctx.total_tokens), style="bold"), str(ctx.max_tokens), "")
+    console.print(split)
+    console.print(
+        f"[bold]{ctx.total_tokens}[/bold] of {ctx.max_tokens} tokens; compression ratio "
+        f"[bold]{ctx.compression_ratio:.1f}x[/bold] (tokens of the original messages represented "
+        "per token sent)"
+    )
+
+
+def _context_json(ctx: CompressedContext) -> dict[str, Any]:
+    return {
+        "conversation_id": ctx.conversation_id,
+        "max_tokens": ctx.max_tokens,
+        "total_tokens": ctx.total_tokens,
+        "compression_ratio": ctx.compression_ratio,
+        "tier_tokens": ctx.tier_tokens,
+        "allocation": ctx.allocation,
+        "omitted_messages": ctx.omitted_messages,
+        "truncated_newest": ctx.truncated_newest,
+        "counts": {
+            "pinned": len(ctx.pinned),
+            "bulk_archives": len(ctx.bulk_archives),
+            "historical_topics": len(ctx.historical_topics),
+            "current_topic": len(ctx.current_topic),
+        },
+        "messages": ctx.to_messages(),
+    }
+
+
+def usage_bar(stats: ConversationStats, settings: Settings, width: int = 48) -> Text:
+    """A bar split by the tier shares of ``context_budget``, each part filled by that tier's tokens."""
+    shares = {
+        "current": settings.tiers.current_topic,
+        "topic": settings.tiers.topic_summaries,
+        "bulk": settings.tiers.bulk_archives,
+    }
+    bar = Text("▕")
+    for key, share in shares.items():
+        cells = round(width * share)
+        alloc = settings.context_budget * share
+        used = stats.tier_tokens.get(key, 0)
+        filled = cells if alloc <= 0 else min(cells, round(cells * used / alloc))
+        style = _TIER_STYLE[key] + (" bold" if alloc and used > alloc else "")
+        bar.append("█" * filled, style=style)
+        bar.append("░" * (cells - filled), style="dim " + _TIER_STYLE[key])
+    bar.append("▏")
+    return bar
+
+
+def _show_stats(stats: Sequence[ConversationStats], settings: Settings) -> None:
+    budget = settings.context_budget
+    shares = {
+        "current": settings.tiers.current_topic,
+        "topic": settings.tiers.topic_summaries,
+        "bulk": settings.tiers.bulk_archives,
+    }
+    for s in stats:
+        out.print(
+            f"[bold]{s.conversation_id}[/bold]"
+            + (f" [dim]({s.platform})[/dim]" if s.platform else "")
+            + f"  {s.messages} messages, {s.message_tokens} tokens stored"
+        )
+        out.print(Text("  ").append(usage_bar(s, settings)))
+        parts = Text("  ")
+        for key, share in shares.items():
+            used = s.tier_tokens.get(key, 0)
+            alloc = int(budget * share)
+            parts.append(f"{_TIER_LABEL[key]} ", style=_TIER_STYLE[key])
+            parts.append(f"{used}/{alloc}", style="bold red" if used > alloc else "")
+            parts.append("   ")
+        out.print(parts)
+        out.print(
+            f"  topics {s.topics} ({s.topics_pending} pending) · archives {s.archives} "
+            f"({s.archives_dropped} dropped) · compressions {s.compressions} · summariser "
+            f"{s.summarizer_prompt_tokens}+{s.summarizer_completion_tokens} tokens, ${s.summarizer_cost:.4f}"
+        )
+    out.print(f"[dim]Bars: each tier's stored tokens against its share of context_budget={budget}.[/dim]")
+
+
+# -- transcripts (import and demo) ----------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    conversation_id: str
+    message: Message
+    key: str
+
+
+def _timestamp(value: Any, where: str) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InputFileError(f"{where}: timestamp must be an ISO 8601 string or epoch seconds")
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC)
+    if isinstance(value, str):
+        try:
+            ts = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise InputFileError(f"{where}: timestamp {value!r} is not ISO 8601") from None
+        return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+    raise InputFileError(f"{where}: timestamp must be an ISO 8601 string or epoch seconds")
+
+
+def _content(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):  # OpenAI content parts: keep the text parts
+        return "\n".join(
+            str(p.get("text", "")) if isinstance(p, Mapping) else str(p)
+            for p in value
+            if not isinstance(p, Mapping) or p.get("type", "text") == "text"
+        )
+    return value if isinstance(value, str) else str(value)
+
+
+def import_key(position: int, raw: Mapping[str, Any]) -> str:
+    """Identity of a message in a transcript: its position in its conversation plus its content."""
+    ident = {
+        "position": position,
+        "role": raw.get("role"),
+        "content": _content(raw.get("content")),
+        "name": raw.get("name"),
+        "tool_calls": raw.get("tool_calls"),
+        "tool_call_id": raw.get("tool_call_id"),
+    }
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode("utf-8"))
+    return digest.hexdigest()[:24]
+
+
+def _to_message(raw: Any, where: str, key: str) -> Message:
+    if not isinstance(raw, Mapping):
+        raise InputFileError(f"{where}: a message must be a JSON object, not {type(raw).__name__}")
+    data: dict[str, Any] = {k: raw[k] for k in _MESSAGE_FIELDS if raw.get(k) is not None}
+    data["content"] = _content(raw.get("content"))
+    ts = _timestamp(raw.get("timestamp"), where)
+    if ts is not None:
+        data["timestamp"] = ts
+    meta = data.get("metadata", {})
+    if not isinstance(meta, Mapping):
+        raise InputFileError(f"{where}: metadata must be a JSON object")
+    data["metadata"] = {**meta, IMPORT_KEY: key}
+    try:
+        return Message.parse(data)
+    except InvalidMessageError as exc:
+        raise InvalidMessageError(f"{where}: {exc}") from None
+
+
+def read_transcript(path: Path, conversation_id: str | None = None) -> list[_Entry]:
+    """Parse a transcript file (see ``import``) into validated messages, in file order."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"{path}: cannot read ({exc})") from None
+    raw: list[tuple[str, str | None, Any]] = []  # (where, conversation id, message)
+    try:
+        whole: Any = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputFileError(f"{path} line {n}: not valid JSON ({exc.msg})") from None
+            cid = item.get("conversation_id") if isinstance(item, Mapping) else None
+            raw.append((f"{path} line {n}", cid, item))
+    if whole is not None:
+        if isinstance(whole, list):
+            raw = [(f"{path} message {i}", None, m) for i, m in enumerate(whole, 1)]
+        elif isinstance(whole, Mapping) and isinstance(whole.get("messages"), list):
+            cid = whole.get("conversation_id")
+            raw = [(f"{path} message {i}", cid, m) for i, m in enumerate(whole["messages"], 1)]
+        elif isinstance(whole, Mapping) and "role" in whole:  # a JSONL file of one line
+            raw = [(f"{path} line 1", whole.get("conversation_id"), whole)]
+        else:
+            raise InputFileError(
+                f"{path}: expected a JSON list of messages, an object with 'messages', or JSON lines"
+            )
+    entries: list[_Entry] = []
+    positions: dict[str, int] = {}
+    for where, cid, item in raw:
+        target = conversation_id or cid
+        if not target:
+            raise InputFileError(f"{where}: no conversation_id (pass --conversation ID)")
+        if not isinstance(target, str):
+            raise InputFileError(f"{where}: conversation_id must be a string")
+        positions[target] = positions.get(target, 0) + 1
+        key = import_key(positions[target], item) if isinstance(item, Mapping) else ""
+        entries.append(_Entry(target, _to_message(item, where, key), key))
+    return entries
+
+
+@dataclass
+class ImportResult:
+    imported: int = 0
+    skipped: int = 0
+    conversations: dict[str, int] = field(default_factory=dict)
+
+
+def import_entries(
+    compressor: SyncHistoryCompressor, entries: Sequence[_Entry], platform: str | None = None
+) -> ImportResult:
+    """Add entries whose import key is not yet stored in their conversation (so re-runs are no-ops)."""
+    result = ImportResult()
+    seen: dict[str, set[str]] = {}
+    for cid in dict.fromkeys(e.conversation_id for e in entries):
+        try:
+            history = compressor.get_history(cid)
+        except ConversationNotFoundError:
+            seen[cid] = set()
+            continue
+        seen[cid] = {str(m.metadata.get(IMPORT_KEY)) for m in history.messages if IMPORT_KEY in m.metadata}
+    todo = [e for e in entries if e.key not in seen[e.conversation_id]]
+    result.skipped = len(entries) - len(todo)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True, disable=not todo) as progress:
+        task = progress.add_task("importing", total=len(todo))
+        for e in todo:
+            compressor.add_message(e.conversation_id, e.message, platform=platform)
+            result.imported += 1
+            result.conversations[e.conversation_id] = result.conversations.get(e.conversation_id, 0) + 1
+            progress.advance(task)
+    return result
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+class Role(str, Enum):
+    system = "system"
+    user = "user"
+    assistant = "assistant"
+    tool = "tool"
+
+
+ConversationArg = Annotated[str, typer.Argument(help="Conversation id.", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for programs instead of tables.")]
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", min=200, help="Context budget to compress the sample into.")
+    ] = 2000,
+) -> None:
+    """Replay a bundled sample conversation offline and show how it is compressed (no API key needed).
+
+    Uses a temporary SQLite file unless --database-url (or TIERED_HISTORY_DATABASE_URL) is given,
+    the offline extractive summariser, and context_budget = --max-tokens.
+    """
+    started = time.perf_counter()
+    sample = resources.files("tiered_history") / "data" / "sample_conversation.jsonl"
+    entries = read_transcript(Path(str(sample)))
+    # Shift the sample so that it ends two minutes ago: the open topic is not yet silent.
+    shift = datetime.now(UTC) - timedelta(minutes=2) - max(e.message.timestamp for e in entries)
+    entries = [
+        dataclasses.replace(e, message=e.message.model_copy(update={"timestamp": e.message.timestamp + shift}))
+        for e in entries
+    ]
+    overrides: dict[str, Any] = {"context_budget": max_tokens, "summarizer": {"kind": "extractive"}}
+    explicit = _opts(ctx).database_url
+    with contextlib.ExitStack() as stack:
+        if explicit:
+            url = explicit
+        else:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="tiered-history-demo-"))
+            url = f"sqlite:///{Path(folder) / 'demo.db'}"
+        compressor = stack.enter_context(_open(ctx, url, **overrides))
+        result = import_entries(compressor, entries)
+        report = compressor.maintain(DEMO_CONVERSATION)
+        compressed = compressor.get_context(DEMO_CONVERSATION, max_tokens)
+        stats = _require(compressor, DEMO_CONVERSATION)
+        history = compressor.get_history(DEMO_CONVERSATION)
+    out.rule("[bold]tiered-history demo[/bold]")
+    out.print(
+        f"Replayed {result.imported} messages ({result.skipped} already there) of a "
+        f"{len(history.messages)}-message conversation: {stats.message_tokens} tokens stored, "
+        f"{len(history.topics)} topics sealed ({', '.join(_reasons(history))})."
+    )
+    out.print(
+        f"Maintenance: {report.sealed} sealed, {report.summarized} topics summarised, "
+        f"{report.merged} bulk merges, {report.dropped} archives dropped from the context "
+        "(nothing is deleted)."
+    )
+    out.print(f"Database: {_mask(url) if explicit else 'temporary SQLite file (removed)'}\n")
+    show_context(compressed)
+    out.print(f"[dim]Finished in {time.perf_counter() - started:.1f} s.[/dim]")
+
+
+def _reasons(history: History) -> list[str]:
+    counts: dict[str, int] = {}
+    for t in history.topics:
+        reason = t.sealed_reason or "?"
+        counts[reason] = counts.get(reason, 0) + 1
+    return [f"{n} {r}" for r, n in sorted(counts.items())] or ["none"]
+
+
+@app.command("import")
+def import_(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="JSON or JSONL transcript.", show_default=False, dir_okay=False)],
+    conversation: Annotated[
+        str | None,
+        typer.Option(
+            "--conversation",
+            "-c",
+            help="Conversation id (required for a plain JSON list; overrides ids in the file).",
+        ),
+    ] = None,
+    platform: Annotated[str | None, typer.Option(help="Platform recorded with new conversations.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Import a transcript; re-running it skips messages already imported.
+
+    Formats: a JSON list of OpenAI-style messages (with --conversation), a JSON object
+    {"conversation_id": ..., "messages": [...]}, or JSONL with one message object per line,
+    each with a "conversation_id". Each message gets metadata.import_key, a hash of its position
+    in its conversation within the file and of its content; messages whose key is already
+    stored in that conversation are skipped.
+    """
+    entries = read_transcript(file, conversation)
+    with _open(ctx) as compressor:
+        result = import_entries(compressor, entries, platform)
+    if as_json:
+        _print_json(dataclasses.asdict(result))
+        return
+    out.print(
+        f"Imported {result.imported} messages into {len(result.conversations)} conversations; "
+        f"skipped {result.skipped} already imported."
+    )
+
+
+@app.command()
+def add(
+    ctx: typer.Context,
+    conversation_id: ConversationArg,
+    content: Annotated[
+        str, typer.Option("--content", help="Message text ('-' reads standard input).", show_default=False)
+    ],
+    role: Annotated[Role, typer.Option("--role", help="Who wrote the message.")] = Role.user,
+    pinned: Annotated[bool, typer.Option("--pinned", help="Always send this message verbatim.")] = False,
+    name: Annotated[str | None, typer.Option(help="Participant name (OpenAI 'name').")] = None,
+    tool_call_id: Annotated[
+        str | None, typer.Option("--tool-call-id", help="For --role tool: the call answered.")
+    ] = None,
+    platform: Annotated[str | None, typer.Option(help="Platform of a new conversation.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add one message to a conversation (creating it if new)."""
+    text = sys.stdin.read() if content == "-" else content
+    message = Message.parse(
+        {
+            "role": role.value,
+            "content": text,
+            "pinned": pinned,
+            **({"name": name} if name else {}),
+            **({"tool_call_id": tool_call_id} if tool_call_id else {}),
+        }
+    )
+    with _open(ctx) as compressor:
+        stored = compressor.add_message(conversation_id, message, platform=platform)
+    if as_json:
+        _print_json(stored)
+        return
+    out.print(f"Added message #{stored.sequence} to {conversation_id!r} ({stored.token_count} tokens).")
+
+
+@app.command()
+def context(
+    ctx: typer.Context,
+    conversation_id: ConversationArg,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens",
+            min=1,
+            help="Token budget (default: the model's input window minus reserve_output_tokens, "
+            "else context_budget).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show what would be sent to the model now: every tier and the token split."""
+    with _open(ctx) as compressor:
+        compressed = compressor.get_context(conversation_id, max_tokens)
+    if as_json:
+        _print_json(_context_json(compressed))
+    else:
+        show_context(compressed)
+
+
+@app.command()
+def history(ctx: typer.Context, conversation_id: ConversationArg, as_json: JsonOpt = False) -> None:
+    """Show everything stored for a conversation: messages, topic summaries and archives."""
+    with _open(ctx) as compressor:
+        hist = compressor.get_history(conversation_id)
+    if as_json:
+        _print_json(hist)
+        return
+    out.print(
+        f"[bold]{hist.conversation_id}[/bold]"
+        + (f" ({hist.platform})" if hist.platform else "")
+        + f": {len(hist.messages)} messages, open topic starts at #{hist.open_topic_start}"
+    )
+    out.print(_messages_table("Messages", hist.messages))
+    if hist.topics:
+        out.print(_summaries_table("Topic summaries", hist.topics))
+    if hist.archives:
+        out.print(_summaries_table("Bulk archives", hist.archives))
+
+
+@app.command()
+def seal(ctx: typer.Context, conversation_id: ConversationArg) -> None:
+    """Close the open topic now; the next maintenance summarises it."""
+    with _open(ctx) as compressor:
+        sealed = compressor.seal_current_topic(conversation_id)
+    if sealed is None:
+        out.print(f"Nothing to seal: the open topic of {conversation_id!r} is empty.")
+    else:
+        out.print(
+            f"Sealed topic #{sealed.sequence} of {conversation_id!r} (messages "
+            f"{sealed.first_sequence}–{sealed.last_sequence}); it is summarised by the next maintenance."
+        )
+
+
+@app.command()
+def stats(
+    ctx: typer.Context,
+    conversation_id: Annotated[
+        str | None, typer.Argument(help="Conversation id (default: all).", show_default=False)
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show tier usage against the budget, compressions and summariser spend per conversation."""
+    with _open(ctx) as compressor:
+        rows = compressor.stats(conversation_id)
+        settings = compressor.settings
+    if conversation_id is not None and not rows:
+        raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+    if as_json:
+        _print_json([dataclasses.asdict(r) for r in rows])
+    elif not rows:
+        out.print("No conversations stored yet.")
+    else:
+        _show_stats(rows, settings)
+
+
+@app.command()
+def maintain(
+    ctx: typer.Context,
+    conversation_id: Annotated[
+        str | None, typer.Argument(help="Conversation id (default: all that need it).", show_default=False)
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Do pending compression work now: seal silent topics, summarise, merge, drop."""
+    with _open(ctx) as compressor:
+        if conversation_id is not None:
+            _require(compressor, conversation_id)
+        report = compressor.maintain(conversation_id)
+    if as_json:
+        _print_json(report)
+        return
+    out.print(
+        f"{report.conversations} conversations: {report.sealed} sealed, {report.summarized} summarised "
+        f"({report.provisional} provisional), {report.merged} merged, {report.dropped} dropped, "
+        f"{report.lease_lost} leases lost."
+    )
+    for error in report.errors:
+        err.print(f"[red]warning:[/red] {error}")
+
+
+@app.command()
+def search(
+    ctx: typer.Context,
+    conversation_id: ConversationArg,
+    text: Annotated[str, typer.Argument(help="Text to find (case-insensitive).", show_default=False)],
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Most results to show.")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Find stored messages containing TEXT, newest first."""
+    with _open(ctx) as compressor:
+        _require(compressor, conversation_id)
+        found = compressor.search(conversation_id, text, limit)
+    if as_json:
+        _print_json([dataclasses.asdict(m) for m in found])
+    elif not found:
+        out.print(f"No message of {conversation_id!r} contains {text!r}.")
+    else:
+        out.print(_messages_table(f"{len(found)} matches", found, width=100))
+
+
+@app.command()
+def worker(
+    ctx: typer.Context,
+    interval: Annotated[
+        float | None,
+        typer.Option(
+            "--interval",
+            min=0.01,
+            help="Seconds between maintenance passes (default: maintenance_interval_seconds).",
+        ),
+    ] = None,
+) -> None:
+    """Run background maintenance until stopped (Ctrl+C or SIGTERM shut it down cleanly)."""
+    from .service import HistoryCompressor
+    from .store.sql import SQLStore  # noqa: F401  (fail early if the SQL store cannot load)
+
+    opts = _opts(ctx)
+    settings = opts.settings()
+    url = opts.url(settings)
+    seconds = interval or settings.maintenance_interval_seconds
+    compressor = HistoryCompressor(url, settings=settings)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("tiered_history")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        asyncio.run(_run_worker(compressor, seconds, _mask(url)))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    out.print("Worker stopped.")
+
+
+async def _run_worker(compressor: HistoryCompressor, interval: float, where: str) -> None:
+    from .scheduler import run_worker
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # Windows or not the main thread
+            pass
+    try:
+        async with compressor:
+            out.print(
+                f"Worker {compressor.worker_id} running maintenance every {interval:g} s on {where}; "
+                "Ctrl+C or SIGTERM stops it.",
+                soft_wrap=True,
+            )
+            sys.stdout.flush()
+            await run_worker(compressor, interval, stop)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+@db_app.command("upgrade")
+def db_upgrade(ctx: typer.Context) -> None:
+    """Create the schema or migrate it to the newest revision (Alembic head)."""
+    url = _opts(ctx).url(_opts(ctx).settings())
+    if url.startswith("memory://"):
+        out.print("memory:// keeps no schema; nothing to upgrade.")
+        return
+    before, after, head = asyncio.run(_migrate(url, upgrade=True))
+    if before == after:
+        out.print(f"{_mask(url)} is already at revision {after} (head).")
+    else:
+        out.print(f"Upgraded {_mask(url)} from {before or 'an empty database'} to revision {after} (head).")
+    if after != head:
+        raise TieredHistoryError(f"upgrade stopped at {after}, head is {head}")
+
+
+@db_app.command("current")
+def db_current(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Show the schema revision of the database and whether it is at head."""
+    url = _opts(ctx).url(_opts(ctx).settings())
+    if url.startswith("memory://"):
+        current: str | None = None
+        from .store.migrate import head_revision
+
+        head = head_revision()
+    else:
+        current, _, head = asyncio.run(_migrate(url, upgrade=False))
+    at_head = current == head
+    if as_json:
+        _print_json({"database_url": _mask(url), "current": current, "head": head, "at_head": at_head})
+    elif current is None:
+        out.print(f"{_mask(url)}: no schema yet (head is {head}); run 'tiered-history db upgrade'.")
+    elif at_head:
+        out.print(f"{_mask(url)}: revision {current} (head).")
+    else:
+        out.print(f"{_mask(url)}: revision {current}, head is {head}; run 'tiered-history db upgrade'.")
+
+
+async def _migrate(url: str, upgrade: bool) -> tuple[str | None, str | None, str]:
+    """(revision before, revision after, head); runs the migrations when ``upgrade``."""
+    from sqlalchemy import exc
+
+    from .store import migrate
+    from .store.dialect import create_engine, translate
+
+    head = migrate.head_revision()
+    engine = create_engine(url)
+    try:
+        before = await migrate.current_revision(engine)
+        if not upgrade:
+            return before, before, head
+        await migrate.upgrade(engine)
+        return before, await migrate.current_revision(engine), head
+    except exc.SQLAlchemyError as e:
+        raise translate(e, "migrating the schema" if upgrade else "reading the schema revision") from None
+    finally:
+        await engine.dispose()
+
+
+def main() -> None:
+    """Console-script entry point (``tiered-history``)."""
+    app(prog_name="tiered-history")
+
+
+if __name__ == "__main__":
+    main()
