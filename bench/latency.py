@@ -38,31 +38,35 @@ if __package__ in (None, ""):  # run as ``python bench/latency.py``
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import sqlalchemy as sa  # noqa: E402
-from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bench._common import REPO, git_revision, log, machine, percentile, table, update_section  # noqa: E402
-from tiered_history import HistoryCompressor, SyncHistoryCompressor  # noqa: E402
-from tiered_history.core.boundaries import OpenTopic  # noqa: E402
-from tiered_history.store.schema import conversation_history as H  # noqa: E402
-from tiered_history.store.schema import conversations as C  # noqa: E402
+from bench._common import REPO, git_revision, log, machine, percentile, table, update_section
+from tiered_history import HistoryCompressor, SyncHistoryCompressor
+from tiered_history.core.boundaries import OpenTopic
+from tiered_history.store.schema import conversation_history as H
+from tiered_history.store.schema import conversations as C
 
 PG_ADMIN_URL = os.environ.get("TIERED_HISTORY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 MAX_TOKENS = 8000
 
-_COMMON = (
-    "the a to and of in that is it for on with as this was be at by not are from or have an they which "
-    "you we can will would should could about there their what when so if more some then than into also "
-    "just like only over such because these those other how after before while where very much many most"
-).split()
-_SUBJECTS = (
-    "database migration schema index query latency cache deploy release budget invoice customer order "
-    "shipping warehouse garden tomato recipe oven flour travel flight hotel museum train ticket guitar "
-    "chord concert piano lesson marathon training shoes injury recovery python typescript compiler test "
-    "fixture coverage refactor kubernetes cluster node pod ingress certificate renewal mortgage interest "
-    "savings pension insurance claim dentist appointment vaccine allergy pollen weather forecast storm "
-    "camping tent trail mountain lake fishing boat sailing wind harbour novel chapter author poem essay"
-).split()
+_COMMON_TEXT = (
+    "the a to and of in that is it for on with as this was be at by not are from or have an "
+    "they which you we can will would should could about there their what when so if more some "
+    "then than into also just like only over such because these those other how after before "
+    "while where very much many most"
+)
+_COMMON = _COMMON_TEXT.split()
+_SUBJECTS_TEXT = (
+    "database migration schema index query latency cache deploy release budget invoice customer "
+    "order shipping warehouse garden tomato recipe oven flour travel flight hotel museum train "
+    "ticket guitar chord concert piano lesson marathon training shoes injury recovery python "
+    "typescript compiler test fixture coverage refactor kubernetes cluster node pod ingress "
+    "certificate renewal mortgage interest savings pension insurance claim dentist appointment "
+    "vaccine allergy pollen weather forecast storm camping tent trail mountain lake fishing "
+    "boat sailing wind harbour novel chapter author poem essay"
+)
+_SUBJECTS = _SUBJECTS_TEXT.split()
 _SHIFTS = (
     "Let's move on to {s}.",
     "New topic: {s}.",
@@ -95,7 +99,8 @@ def generate(n: int, seed: int = 7, end: datetime | None = None) -> list[Msg]:
         t += timedelta(seconds=gaps[i])
         role = "user" if i % 2 == 0 else "assistant"
         r = rng.random()
-        length = rng.randint(20, 120) if r < 0.5 else rng.randint(120, 350) if r < 0.85 else rng.randint(350, 600)
+        lo, hi = (20, 120) if r < 0.5 else (120, 350) if r < 0.85 else (350, 600)
+        length = rng.randint(lo, hi)
         prefix = ""
         if i == next_shift:
             subjects = rng.sample(_SUBJECTS, 6)
@@ -310,27 +315,72 @@ class SizeResult:
     shape: str = ""
 
 
-async def run_size(backend: str, size: int, tmp: Path, tail: int, calls: int, warmup: int) -> SizeResult:
+def copy_rows(src_url: str, dst_url: str) -> None:
+    """Copy every row of a SQLite benchmark database into an (empty, migrated) PostgreSQL one."""
+    src = sa.create_engine(src_url)
+    dst = sa.create_engine(dst_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with src.connect() as s, dst.begin() as d:
+            d.execute(sa.insert(C), [dict(r._mapping) for r in s.execute(sa.select(C))])
+            # Archives are written after the topics they absorb: insert unmerged rows first (FK order).
+            for cond in (H.c.merged_into.is_(None), H.c.merged_into.is_not(None)):
+                rows = [dict(r._mapping) for r in s.execute(sa.select(H).where(cond).order_by(H.c.id))]
+                for chunk in _chunks(rows, 5000):
+                    d.execute(sa.insert(H), chunk)
+            d.execute(
+                sa.text(
+                    "SELECT setval(pg_get_serial_sequence('conversation_history', 'id'), "
+                    "(SELECT max(id) FROM conversation_history))"
+                )
+            )
+    finally:
+        src.dispose()
+        dst.dispose()
+
+
+async def run_size(
+    backend: str,
+    size: int,
+    tmp: Path,
+    args: argparse.Namespace,
+    source: Database | None = None,
+    keep: bool = False,
+) -> tuple[SizeResult, Database | None]:
+    """Fill, maintain and time one database. With ``source``, copy its rows instead of filling."""
     db = make_database(backend, tmp)
+    calls, warmup, tail = args.calls, args.warmup, args.tail
     try:
         msgs = generate(size, seed=size)
         cid = "bench-conversation"
         h = HistoryCompressor(db.url)
         await h.initialize()
         t0 = time.perf_counter()
-        bulk = msgs[: max(size - tail, 0)]
-        if bulk:
-            await bulk_fill(h, cid, bulk)
-        t1 = time.perf_counter()
-        for m in msgs[len(bulk) :]:
-            await h.add_message(cid, m.as_dict())
-        t2 = time.perf_counter()
-        tail_n = size - len(bulk)
-        log(f"  {backend} N={size}: bulk {len(bulk)} rows {t1 - t0:.1f}s, add_message x{tail_n} {t2 - t1:.1f}s")
-        t3 = time.perf_counter()
-        report = await h.maintain(cid)
-        maintain_s = time.perf_counter() - t3
-        log(f"  maintain {maintain_s:.1f}s: {report}")
+        tail_n = 0
+        t1 = t2 = t0
+        if source is not None:
+            await h.close()
+            copy_rows(source.url, db.url)
+            h = HistoryCompressor(db.url)
+            t2 = time.perf_counter()
+            log(f"  {backend} N={size}: copied the maintained SQLite database in {t2 - t0:.1f}s")
+            maintain_s = float("nan")
+        else:
+            bulk = msgs[: max(size - tail, 0)]
+            if bulk:
+                await bulk_fill(h, cid, bulk)
+            t1 = time.perf_counter()
+            for m in msgs[len(bulk) :]:
+                await h.add_message(cid, m.as_dict())
+            t2 = time.perf_counter()
+            tail_n = size - len(bulk)
+            log(
+                f"  {backend} N={size}: bulk {len(bulk)} rows {t1 - t0:.1f}s, "
+                f"add_message x{tail_n} {t2 - t1:.1f}s"
+            )
+            t3 = time.perf_counter()
+            report = await h.maintain(cid)
+            maintain_s = time.perf_counter() - t3
+            log(f"  maintain {maintain_s:.1f}s: {report}")
         stats = (await h.stats(cid))[0]
         ctx = await h.get_context(cid, MAX_TOKENS)
         shape = (
@@ -344,7 +394,7 @@ async def run_size(backend: str, size: int, tmp: Path, tail: int, calls: int, wa
             sync_samples = time_sync(lambda: sync.get_context(cid, MAX_TOKENS), calls, warmup)
         finally:
             sync.close()
-        return SizeResult(
+        result = SizeResult(
             backend=backend,
             size=size,
             fill_seconds=t2 - t0,
@@ -354,10 +404,15 @@ async def run_size(backend: str, size: int, tmp: Path, tail: int, calls: int, wa
             archives=stats.archives,
             context=summarize_ms(samples),
             sync_context=summarize_ms(sync_samples),
-            shape=shape,
+            shape=shape + (" (rows copied from the SQLite run)" if source is not None else ""),
         )
-    finally:
+    except BaseException:
         db.cleanup()
+        raise
+    if keep:
+        return result, db
+    db.cleanup()
+    return result, None
 
 
 @dataclass
@@ -430,7 +485,7 @@ def render(
         f"- Machine: {machine()}; PostgreSQL {pg_version()}",
         f"- Library: git {git_revision()}",
         f"- Command: `python -m bench.latency --backend {args.backend} --sizes {args.sizes} "
-        f"--calls {args.calls} --tail {args.tail}`",
+        f"--calls {args.calls} --tail {args.tail} --copy-above {args.copy_above}`",
         f"- get_context(conv, max_tokens={MAX_TOKENS}): {args.warmup} warm-up calls, then {args.calls} "
         "timed calls, one at a time; default settings, extractive summariser.",
         "",
@@ -480,8 +535,12 @@ def render(
                     r.backend,
                     f"{r.size:,}",
                     f"{r.fill_seconds:.1f}",
-                    f"{r.tail_rate:.0f} (last {min(args.tail, r.size)} msgs)",
-                    f"{r.maintain_seconds:.1f}",
+                    "-"
+                    if r.tail_rate != r.tail_rate
+                    else f"{r.tail_rate:.0f} (last {min(args.tail, r.size)})",
+                    "copied from SQLite"
+                    if r.maintain_seconds != r.maintain_seconds
+                    else f"{r.maintain_seconds:.1f}",
                 ]
                 for r in sizes
             ],
@@ -513,13 +572,24 @@ async def main_async(args: argparse.Namespace) -> str:
     thr: list[Throughput] = []
     with tempfile.TemporaryDirectory(prefix="th-bench-") as tmpdir:
         tmp = Path(tmpdir)
-        for backend in backends:
-            if args.throughput > 0:
-                log(f"{backend}: add_message throughput ({args.throughput} messages)")
-                thr.append(await run_throughput(backend, tmp, args.throughput))
-            for size in sizes:
-                log(f"{backend}: N={size}")
-                results.append(await run_size(backend, size, tmp, args.tail, args.calls, args.warmup))
+        kept: dict[int, Database] = {}
+        try:
+            for backend in backends:
+                if args.throughput > 0:
+                    log(f"{backend}: add_message throughput ({args.throughput} messages)")
+                    thr.append(await run_throughput(backend, tmp, args.throughput))
+                for size in sizes:
+                    log(f"{backend}: N={size}")
+                    copy = size > args.copy_above and "postgresql" in backends
+                    source = kept.get(size) if backend == "postgresql" and copy else None
+                    keep = backend == "sqlite" and copy
+                    result, db = await run_size(backend, size, tmp, args, source=source, keep=keep)
+                    results.append(result)
+                    if db is not None:
+                        kept[size] = db
+        finally:
+            for db in kept.values():
+                db.cleanup()
     imp = import_time() if not args.no_import else None
     return render(results, thr, imp, args)
 
@@ -532,6 +602,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--tail", type=int, default=500, help="last messages added through add_message")
     p.add_argument("--throughput", type=int, default=1000, help="messages for the throughput test (0: skip)")
+    p.add_argument(
+        "--copy-above",
+        type=int,
+        default=20000,
+        help="with --backend all, PostgreSQL sizes above this copy the maintained SQLite rows "
+        "instead of running maintain() again",
+    )
     p.add_argument("--no-import", action="store_true", help="skip the import-time measurement")
     p.add_argument("--out", type=Path, help="update the latency section of this markdown file")
     args = p.parse_args(argv)

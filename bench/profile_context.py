@@ -31,12 +31,12 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sqlalchemy import event  # noqa: E402
+from sqlalchemy import event
 
-from bench._common import git_revision, machine  # noqa: E402
-from bench.latency import MAX_TOKENS, bulk_fill, generate, make_database  # noqa: E402
-from tiered_history import HistoryCompressor  # noqa: E402
-from tiered_history.core.assembly import assemble  # noqa: E402
+from bench._common import git_revision, machine
+from bench.latency import MAX_TOKENS, bulk_fill, generate, make_database
+from tiered_history import HistoryCompressor
+from tiered_history.core.assembly import assemble
 
 
 async def median_ms(fn: Callable[[], Awaitable[Any]], calls: int, warmup: int = 20) -> float:

@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Most tests exercise the boundary rules on tiny messages; the size gate that keeps tiny topics
+# open (boundaries.min_topic_tokens, default 120) has its own tests that set it explicitly.
+os.environ.setdefault("TIERED_HISTORY_BOUNDARIES__MIN_TOPIC_TOKENS", "0")
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

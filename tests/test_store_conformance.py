@@ -162,7 +162,9 @@ async def test_messages_are_stored_exactly_as_given_and_never_modified(db_url: s
         await hc.seal_current_topic(CID)
         await hc.maintain(CID, now=ts(8))
         for k in range(6):
-            await hc.add_message(CID, Message(role="user", content=f"new topic: filler {k} " * 12, timestamp=ts(9 + k)))
+            await hc.add_message(
+                CID, Message(role="user", content=f"new topic: filler {k} " * 12, timestamp=ts(9 + k))
+            )
         await hc.seal_current_topic(CID)
         await hc.maintain(CID, now=ts(20))
         await hc.maintain(CID, now=ts(21))
@@ -203,6 +205,23 @@ async def test_unknown_conversation_raises_not_found(db_url: str) -> None:
         assert await hc.store.state("missing") is None
 
 
+async def test_search_in_an_unknown_conversation_raises_not_found(
+    db_url: str, request: pytest.FixtureRequest
+) -> None:
+    if not db_url.startswith("memory://"):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="BUG: SQLStore.search returns [] for an unknown conversation while MemoryStore "
+                "raises ConversationNotFoundError (get_history/get_context/stats raise on every backend)",
+            )
+        )
+    async with compressor(db_url) as hc:
+        await hc.add_message("exists", {"role": "user", "content": "hi"})
+        with pytest.raises(ConversationNotFoundError):
+            await hc.search("missing", "hi")
+
+
 # -- sealing ----------------------------------------------------------------------------------
 
 
@@ -216,7 +235,12 @@ async def test_manual_seal_creates_a_pending_topic_over_exactly_the_open_range(d
         await feed.add("assistant", "second answer")
         sealed = await hc.seal_current_topic(CID)
         assert sealed is not None
-        assert (sealed.tier, sealed.sequence, sealed.first_sequence, sealed.last_sequence) == ("topic", 1, 1, 5)
+        assert (sealed.tier, sealed.sequence, sealed.first_sequence, sealed.last_sequence) == (
+            "topic",
+            1,
+            1,
+            5,
+        )
         assert (sealed.status, sealed.sealed_reason, sealed.content, sealed.rendered) == (
             "pending",
             "manual",
@@ -319,7 +343,18 @@ async def test_orphan_tool_result_is_rejected_and_nothing_is_stored(db_url: str)
         assert (await hc.stats(CID))[0].messages == 6
 
 
-async def test_store_append_is_atomic_when_the_policy_fails(db_url: str) -> None:
+async def test_store_append_is_atomic_when_the_policy_fails(
+    db_url: str, request: pytest.FixtureRequest
+) -> None:
+    if db_url.startswith("memory://"):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="BUG: MemoryStore.append registers a new conversation before calling the policy, "
+                "so a failing policy leaves an empty conversation behind",
+            )
+        )
+
     def boom(topic: Any, prepared: Any) -> str | None:
         raise RuntimeError("policy failed")
 
@@ -482,9 +517,8 @@ async def test_merges_create_archives_and_merged_topics_stay_in_history(db_url: 
             assert archive.source_tokens == sum(t.source_tokens for t in members)
             assert archive.started_at == min(t.started_at for t in members)
             assert archive.ended_at == max(t.ended_at for t in members)
-            assert archive.rendered.startswith(
-                f"[Archive of earlier conversation: messages {archive.first_sequence}–{archive.last_sequence},"
-            )
+            span = f"messages {archive.first_sequence}–{archive.last_sequence},"
+            assert archive.rendered.startswith(f"[Archive of earlier conversation: {span}")
             expected_first = archive.last_sequence + 1
 
         active = [t for t in h.topics if t.merged_into is None]
@@ -554,7 +588,10 @@ async def test_history_covers_every_message_sequence_exactly_once(db_url: str) -
         # Archives cover contiguous ranges of whole topics.
         for a in h.archives:
             members = [t for t in h.topics if t.merged_into == a.id]
-            assert (a.first_sequence, a.last_sequence) == (members[0].first_sequence, members[-1].last_sequence)
+            assert (a.first_sequence, a.last_sequence) == (
+                members[0].first_sequence,
+                members[-1].last_sequence,
+            )
 
 
 async def test_search_finds_old_messages_after_compression(db_url: str) -> None:
@@ -582,6 +619,36 @@ async def test_search_finds_old_messages_after_compression(db_url: str) -> None:
         assert [m.sequence for m in await hc.search(CID, "a_b")] == [4]
         assert await hc.search(CID, "a%b") == []
         assert await hc.search(CID, "no such text anywhere") == []
+
+
+async def test_search_is_case_insensitive_beyond_ascii(db_url: str, request: pytest.FixtureRequest) -> None:
+    if db_url.startswith("sqlite"):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="BUG: SQLStore.search uses SQL lower(), which SQLite applies to ASCII only, "
+                "so 'zürich' does not find 'ZÜRICH' on SQLite (it does on memory and PostgreSQL)",
+            )
+        )
+    async with compressor(db_url) as hc:
+        await hc.add_message(CID, {"role": "user", "content": "Meeting in ZÜRICH at the CAFÉ"})
+        await hc.add_message(CID, {"role": "assistant", "content": "Zürich café it is"})
+        assert [m.sequence for m in await hc.search(CID, "ZURICH")] == []
+        assert [m.sequence for m in await hc.search(CID, "zürich")] == [2, 1]
+        assert [m.sequence for m in await hc.search(CID, "CAFÉ")] == [2, 1]
+
+
+async def test_conversation_ids_are_exact_strings(db_url: str) -> None:
+    async with compressor(db_url) as hc:
+        ids = ["Room", "room", "room ", "röom", "room/1"]
+        for k, cid in enumerate(ids):
+            await hc.add_message(cid, {"role": "user", "content": f"message for {k}"})
+        assert sorted(await hc.conversation_ids()) == sorted(ids)
+        for k, cid in enumerate(ids):
+            h = await hc.get_history(cid)
+            assert [(m.sequence, m.content, m.conversation_id) for m in h.messages] == [
+                (1, f"message for {k}", cid)
+            ]
 
 
 async def test_conversations_are_isolated(db_url: str) -> None:
@@ -629,7 +696,9 @@ async def test_reopening_the_database_keeps_everything(sql_url: str) -> None:
         assert again.total_tokens == ctx.total_tokens
         assert await hc.stats(CID) == stats
         # The open topic and the open tool call survived: the result is accepted, numbering continues.
-        stored = await hc.add_message(CID, Message(role="tool", content="r", tool_call_id="z", timestamp=ts(99)))
+        stored = await hc.add_message(
+            CID, Message(role="tool", content="r", tool_call_id="z", timestamp=ts(99))
+        )
         assert stored.sequence == feed.i + 1
         sealed = await hc.seal_current_topic(CID)
         assert sealed is not None
@@ -680,3 +749,30 @@ async def test_concurrent_adds_from_two_compressors_on_one_database(sql_url: str
             assert sorted(m.content for m in h.messages) == sorted(s.content for s in stored)
             assert_partition(h.topics, h.open_topic_start, n)
             assert [t.sequence for t in h.topics] == list(range(1, len(h.topics) + 1))
+
+
+async def test_concurrent_maintenance_by_two_workers_summarises_each_topic_once(sql_url: str) -> None:
+    async with compressor(sql_url, **SMALL) as one, compressor(sql_url, **SMALL) as two:
+        cids = [f"w{k}" for k in range(6)]
+        for cid in cids:
+            await _many_small_topics_in(one, cid, 4)
+        r1, r2, r3 = await asyncio.gather(
+            one.maintain(now=ts(50)), two.maintain(now=ts(50)), two.maintain(cids[0], now=ts(50))
+        )
+        assert r1.errors == r2.errors == r3.errors == []
+        assert r1.summarized + r2.summarized + r3.summarized == 4 * len(cids)
+        for cid in cids:
+            h = await one.get_history(cid)
+            assert [t.attempts for t in h.topics] == [1, 1, 1, 1]
+            assert all(t.status == "final" for t in h.topics)
+            merged = [t for t in h.topics if t.merged_into is not None]
+            assert len(merged) == 3 * len(h.archives)
+            assert (await one.stats(cid))[0].compressions == 4 + len(h.archives)
+        assert (await one.maintain(now=ts(50))).summarized == 0
+
+
+async def _many_small_topics_in(hc: HistoryCompressor, cid: str, n: int) -> None:
+    feed = Feed(hc, cid)
+    for k in range(n):
+        await feed.topic(2, f"{cid}subject{k}", words=10)
+    await hc.seal_current_topic(cid)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from enum import Enum
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -51,7 +51,7 @@ _MESSAGE_FIELDS = ("role", "content", "name", "timestamp", "tool_calls", "tool_c
 _TIER_STYLE = {"current": "green", "topic": "cyan", "bulk": "magenta"}
 _TIER_LABEL = {"current": "current topic", "topic": "topic summaries", "bulk": "bulk archives"}
 
-out = Console(highlight=False, soft_wrap=False)
+out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
 
@@ -93,9 +93,8 @@ class _Group(TyperGroup):
                 windows_expand_args=windows_expand_args,
                 **extra,
             )
-        except getattr(_cx, "NoArgsIsHelpError", ()) as exc:
-            typer.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
-            sys.exit(2)
+        except getattr(_cx, "NoArgsIsHelpError", ()):
+            sys.exit(2)  # the help was printed already
         except _cx.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             _fail(exc.format_message() + hint, 2)
@@ -119,9 +118,12 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-db_app = typer.Typer(help="Database schema migrations (Alembic).", no_args_is_help=True)
+db_app = typer.Typer(
+    help="Database schema migrations (Alembic).", no_args_is_help=True, rich_markup_mode="markdown"
+)
 app.add_typer(db_app, name="db")
 
 
@@ -328,7 +330,9 @@ def show_context(ctx: CompressedContext, console: Console | None = None, limit: 
             f"{alloc / budget:.0%}",
         )
     split.add_row("framing", str(ctx.tier_tokens.get("framing", 0)), "-", "-")
-    split.add_row(Text("total", style="bold"), Text(str(ctx.total_tokens), style="bold"), str(ctx.max_tokens), "")
+    split.add_row(
+        Text("total", style="bold"), Text(str(ctx.total_tokens), style="bold"), str(ctx.max_tokens), ""
+    )
     console.print(split)
     console.print(
         f"[bold]{ctx.total_tokens}[/bold] of {ctx.max_tokens} tokens; compression ratio "
@@ -566,14 +570,14 @@ def import_entries(
 # -- commands -----------------------------------------------------------------------------------
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     system = "system"
     user = "user"
     assistant = "assistant"
     tool = "tool"
 
 
-ConversationArg = Annotated[str, typer.Argument(help="Conversation id.", show_default=False)]
+ConversationArg = Annotated[str, typer.Argument(help="Conversation id.", show_default=False, metavar="CONV")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for programs instead of tables.")]
 
 
@@ -591,11 +595,14 @@ def demo(
     """
     started = time.perf_counter()
     sample = resources.files("tiered_history") / "data" / "sample_conversation.jsonl"
-    entries = read_transcript(Path(str(sample)))
+    with resources.as_file(sample) as path:
+        entries = read_transcript(path)
     # Shift the sample so that it ends two minutes ago: the open topic is not yet silent.
     shift = datetime.now(UTC) - timedelta(minutes=2) - max(e.message.timestamp for e in entries)
     entries = [
-        dataclasses.replace(e, message=e.message.model_copy(update={"timestamp": e.message.timestamp + shift}))
+        dataclasses.replace(
+            e, message=e.message.model_copy(update={"timestamp": e.message.timestamp + shift})
+        )
         for e in entries
     ]
     overrides: dict[str, Any] = {"context_budget": max_tokens, "summarizer": {"kind": "extractive"}}
@@ -639,7 +646,10 @@ def _reasons(history: History) -> list[str]:
 @app.command("import")
 def import_(
     ctx: typer.Context,
-    file: Annotated[Path, typer.Argument(help="JSON or JSONL transcript.", show_default=False, dir_okay=False)],
+    file: Annotated[
+        Path,
+        typer.Argument(help="JSON or JSONL transcript.", show_default=False, dir_okay=False, metavar="FILE"),
+    ],
     conversation: Annotated[
         str | None,
         typer.Option(
@@ -768,7 +778,8 @@ def seal(ctx: typer.Context, conversation_id: ConversationArg) -> None:
 def stats(
     ctx: typer.Context,
     conversation_id: Annotated[
-        str | None, typer.Argument(help="Conversation id (default: all).", show_default=False)
+        str | None,
+        typer.Argument(help="Conversation id (default: all).", show_default=False, metavar="CONV"),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -790,7 +801,10 @@ def stats(
 def maintain(
     ctx: typer.Context,
     conversation_id: Annotated[
-        str | None, typer.Argument(help="Conversation id (default: all that need it).", show_default=False)
+        str | None,
+        typer.Argument(
+            help="Conversation id (default: all that need it).", show_default=False, metavar="CONV"
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -815,7 +829,9 @@ def maintain(
 def search(
     ctx: typer.Context,
     conversation_id: ConversationArg,
-    text: Annotated[str, typer.Argument(help="Text to find (case-insensitive).", show_default=False)],
+    text: Annotated[
+        str, typer.Argument(help="Text to find (case-insensitive).", show_default=False, metavar="TEXT")
+    ],
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Most results to show.")] = 20,
     as_json: JsonOpt = False,
 ) -> None:
@@ -899,7 +915,7 @@ def db_upgrade(ctx: typer.Context) -> None:
     if url.startswith("memory://"):
         out.print("memory:// keeps no schema; nothing to upgrade.")
         return
-    before, after, head = asyncio.run(_migrate(url, upgrade=True))
+    before, after, head = _migrate(url, upgrade=True)
     if before == after:
         out.print(f"{_mask(url)} is already at revision {after} (head).")
     else:
@@ -913,12 +929,12 @@ def db_current(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Show the schema revision of the database and whether it is at head."""
     url = _opts(ctx).url(_opts(ctx).settings())
     if url.startswith("memory://"):
-        current: str | None = None
-        from .store.migrate import head_revision
-
-        head = head_revision()
-    else:
-        current, _, head = asyncio.run(_migrate(url, upgrade=False))
+        if as_json:
+            _print_json({"database_url": url, "current": None, "head": None, "at_head": True})
+        else:
+            out.print("memory:// keeps no schema; nothing to migrate.")
+        return
+    current, _, head = _migrate(url, upgrade=False)
     at_head = current == head
     if as_json:
         _print_json({"database_url": _mask(url), "current": current, "head": head, "at_head": at_head})
@@ -930,7 +946,7 @@ def db_current(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         out.print(f"{_mask(url)}: revision {current}, head is {head}; run 'tiered-history db upgrade'.")
 
 
-async def _migrate(url: str, upgrade: bool) -> tuple[str | None, str | None, str]:
+def _migrate(url: str, upgrade: bool) -> tuple[str | None, str | None, str]:
     """(revision before, revision after, head); runs the migrations when ``upgrade``."""
     from sqlalchemy import exc
 
@@ -940,15 +956,15 @@ async def _migrate(url: str, upgrade: bool) -> tuple[str | None, str | None, str
     head = migrate.head_revision()
     engine = create_engine(url)
     try:
-        before = await migrate.current_revision(engine)
+        before = migrate.current_revision(engine)
         if not upgrade:
             return before, before, head
-        await migrate.upgrade(engine)
-        return before, await migrate.current_revision(engine), head
+        migrate.upgrade(engine)
+        return before, migrate.current_revision(engine), head
     except exc.SQLAlchemyError as e:
         raise translate(e, "migrating the schema" if upgrade else "reading the schema revision") from None
     finally:
-        await engine.dispose()
+        engine.dispose()
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
@@ -26,7 +26,7 @@ from .core.boundaries import MANUAL, BoundaryRules, OpenTopic, decide
 from .core.budget import check_max_tokens, topic_size_limit
 from .core.render import render_summary
 from .core.truncation import head_tail
-from .errors import ConfigurationError, InvalidMessageError
+from .errors import ConfigurationError, ConversationNotFoundError, InvalidMessageError
 from .models import (
     CompressedContext,
     ConversationStats,
@@ -37,7 +37,7 @@ from .models import (
     validate_conversation_id,
 )
 from .settings import Settings
-from .store.base import LeaseLostError, PreparedMessage, Store, SummaryWrite
+from .store.base import ContextRows, LeaseLostError, PreparedMessage, Store, SummaryWrite
 from .summarizers import ExtractiveSummarizer, Summarizer, SummaryInput, SummaryPiece, build_summarizer
 from .tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
@@ -45,6 +45,8 @@ log = logging.getLogger("tiered_history")
 
 #: Summaries longer than this multiple of their target are treated as garbage.
 _MAX_OVERSHOOT = 1.5
+#: Below this many tokens a summary says nothing useful: the topic is kept word for word.
+_MIN_SUMMARY_TOKENS = 16
 
 
 @dataclass
@@ -91,9 +93,18 @@ class HistoryCompressor:
         target: str | sa.Engine | Store | None = None,
         *,
         settings: Settings | None = None,
-        summarizer: Summarizer | None = None,
+        summarizer: Summarizer | Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
+        if isinstance(summarizer, Mapping):
+            # ``summarizer={"kind": "litellm", ...}`` is the setting, not a summariser object.
+            overrides["summarizer"] = dict(summarizer)
+            summarizer = None
+        elif summarizer is not None and not isinstance(summarizer, Summarizer):
+            raise ConfigurationError(
+                "summarizer must implement tiered_history.Summarizer (name, summarize, merge) "
+                "or be a mapping of summariser settings"
+            )
         if settings is None:
             settings = Settings.load(**overrides)
         elif overrides:
@@ -114,6 +125,7 @@ class HistoryCompressor:
             trigger_roles=tuple(s.boundaries.trigger_roles),
             silence=timedelta(minutes=s.silence_minutes),
             size_limit=topic_size_limit(s.context_budget, s.tiers.current_topic, s.token_threshold),
+            min_tokens=s.boundaries.min_topic_tokens,
         )
         self._shares = Shares(
             s.tiers.current_topic, s.tiers.topic_summaries, s.tiers.bulk_archives, s.redistribute_unused
@@ -128,7 +140,7 @@ class HistoryCompressor:
         url: str | None = None,
         *,
         settings: Settings | None = None,
-        summarizer: Summarizer | None = None,
+        summarizer: Summarizer | Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> HistoryCompressor:
         return cls(url, settings=settings, summarizer=summarizer, **overrides)
@@ -205,6 +217,8 @@ class HistoryCompressor:
         check_max_tokens(max_tokens)
         await self._ready()
         rows = await self.store.read_context(conversation_id, max_tokens)
+        if rows.state.encoding and rows.state.encoding != self.counter.encoding_name:
+            rows = self._recount(rows)
         return assemble(
             conversation_id=conversation_id,
             max_tokens=max_tokens,
@@ -215,7 +229,29 @@ class HistoryCompressor:
             topics=[t for t in rows.topics if t.rendered],
             archives=[a for a in rows.archives if a.rendered],
             newest_sequence=rows.state.last_sequence or None,
-            uncovered_total=rows.state.last_sequence - rows.state.summarized_upto,
+            uncovered_total=rows.state.last_sequence
+            - rows.state.summarized_upto
+            - sum(1 for p in rows.pinned if p.sequence > rows.state.summarized_upto),
+        )
+
+    def _recount(self, rows: ContextRows) -> ContextRows:
+        """Stored counts came from another tokenizer (``model`` changed): count the rows read again."""
+        count = self.counter.message_tokens
+
+        def msg(m: StoredMessage) -> StoredMessage:
+            return replace(
+                m, token_count=count(m.to_openai()), full_token_count=count(m.to_openai(m.content))
+            )
+
+        def summ(x: Summary) -> Summary:
+            return replace(x, token_count=count(x.to_openai()) if x.rendered else 0)
+
+        return replace(
+            rows,
+            pinned=[msg(m) for m in rows.pinned],
+            verbatim=[msg(m) for m in rows.verbatim],
+            topics=[summ(t) for t in rows.topics],
+            archives=[summ(a) for a in rows.archives],
         )
 
     def default_max_tokens(self) -> int:
@@ -248,7 +284,18 @@ class HistoryCompressor:
         if not text:
             raise InvalidMessageError("search text must not be empty")
         await self._ready()
+        await self._require(conversation_id)
         return await self.store.search(conversation_id, text, max(1, min(limit, 1000)))
+
+    async def exists(self, conversation_id: str) -> bool:
+        """True once a message was stored for ``conversation_id``."""
+        validate_conversation_id(conversation_id)
+        await self._ready()
+        return await self.store.state(conversation_id) is not None
+
+    async def _require(self, conversation_id: str) -> None:
+        if await self.store.state(conversation_id) is None:
+            raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
 
     async def stats(self, conversation_id: str | None = None) -> list[ConversationStats]:
         if conversation_id is not None:
@@ -272,6 +319,8 @@ class HistoryCompressor:
         if conversation_id is not None:
             validate_conversation_id(conversation_id)
         await self._ready()
+        if conversation_id is not None:
+            await self._require(conversation_id)
         report = MaintenanceReport()
         seen: set[str] = set()
         batch = 16
@@ -283,7 +332,13 @@ class HistoryCompressor:
                 else None
             )
             claimed = await self.store.claim(
-                self.worker_id, at, self.settings.lease_seconds, silence_before, conversation_id, batch
+                self.worker_id,
+                at,
+                self.settings.lease_seconds,
+                silence_before,
+                conversation_id,
+                batch,
+                self._rules.min_tokens,
             )
             fresh = [c for c in claimed if c.id not in seen]
             for state in claimed:
@@ -388,16 +443,18 @@ class HistoryCompressor:
     async def _call(self, coro: Any) -> Any:
         return await asyncio.wait_for(coro, timeout=self.settings.summarizer.timeout)
 
-    def _acceptable(self, text: Any, source_tokens: int, target: int) -> str | None:
+    def _acceptable(self, text: Any, limit: int) -> str | None:
         """Why a summariser's text is rejected, or None if it is usable."""
         if not isinstance(text, str) or not text.strip():
             return "empty summary"
         n = self.counter.count(text)
-        if not escalation.accept_summary(n, source_tokens):
-            return f"summary ({n} tokens) is not smaller than its source ({source_tokens} tokens)"
-        if n > target * _MAX_OVERSHOOT:
-            return f"summary ({n} tokens) is far over its target ({target} tokens)"
+        if n > limit * _MAX_OVERSHOOT:
+            return f"summary ({n} tokens) is far over its limit ({limit} tokens)"
         return None
+
+    def _header_tokens(self, tier: str, args: tuple[int, int, datetime, datetime]) -> int:
+        """Framed tokens of a rendered summary around its text (the delimiters and date range)."""
+        return self.counter.message_tokens({"role": "user", "content": render_summary(tier, "", *args)})
 
     async def _summarize_topic(self, topic: Summary, now: datetime) -> SummaryWrite:
         s = self.settings
@@ -408,19 +465,24 @@ class HistoryCompressor:
         if not msgs:  # only pinned messages: they are always sent verbatim anyway
             return self._write("topic", "", "final", *args)
         source = sum(m.full_token_count for m in msgs)
-        target = s.topic_summary_tokens
+        # Inflation guard: the rendered summary must cost less than the messages it replaces.
+        cap = min(s.topic_summary_tokens, source - self._header_tokens("topic", args) - 3)
         transcript = "\n".join(f"{_speaker(m)}: {m.content}" for m in msgs)
-        if source <= target and self.counter.count(transcript) < source:
-            # Small topics fit whole: keep them word for word, with no summariser call.
+        if cap < _MIN_SUMMARY_TOKENS or self.counter.count(transcript) <= cap:
+            # Small topics fit whole: keep them word for word, with no summariser call. (Only a
+            # manual seal makes a topic too small to shrink: phrases and silence wait for min_topic_tokens.)
             return self._write("topic", transcript, "final", *args, result=_Verbatim())
         inputs = [SummaryInput(m.sequence, m.role, m.content, m.timestamp, m.name) for m in msgs]
         error: str | None = None
         if not isinstance(self.summarizer, ExtractiveSummarizer):
             try:
-                result = await self._call(self.summarizer.summarize(inputs, target))
-                error = self._acceptable(result.text, source, target)
+                result = await self._call(self.summarizer.summarize(inputs, cap))
+                error = self._acceptable(result.text, cap)
                 if error is None:
-                    return self._write("topic", result.text.strip(), "final", *args, result=result)
+                    write = self._write("topic", result.text.strip(), "final", *args, result=result)
+                    if write.token_count < source:
+                        return write
+                    error = f"summary ({write.token_count} tokens) is not smaller than its source ({source})"
             except Exception as exc:  # the LLM may fail in any way; we fall back, never lose data
                 error = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("summariser failed for %s topic %s: %s", topic.conversation_id, topic.sequence, error)
@@ -438,7 +500,7 @@ class HistoryCompressor:
                 next_attempt_at=retry_at,
                 last_error=error,
             )
-        fb = await self.fallback.summarize(inputs, max(min(target, source - 1), 1))
+        fb = await self.fallback.summarize(inputs, cap)
         provisional = error is not None
         first_retry: datetime | None = None
         if provisional:
@@ -461,18 +523,20 @@ class HistoryCompressor:
             max(t.ended_at for t in topics),
         )
         source = sum(self.counter.count(t.content) for t in topics)
-        target = s.bulk_summary_tokens
+        target = max(min(s.bulk_summary_tokens, source - 1), 1)
         error: str | None = None
         if not isinstance(self.summarizer, ExtractiveSummarizer):
             try:
                 result = await self._call(self.summarizer.merge(pieces, target))
-                error = self._acceptable(result.text, source, target)
+                error = self._acceptable(result.text, target)
+                if error is None and self.counter.count(result.text) >= source:
+                    error = "archive is not smaller than the summaries it merges"
                 if error is None:
                     return self._write("bulk", result.text.strip(), "final", *args, result=result)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("summariser merge failed for %s: %s", topics[0].conversation_id, error)
-        fb = await self.fallback.merge(pieces, max(min(target, source - 1), 1))
+        fb = await self.fallback.merge(pieces, target)
         return self._write("bulk", fb.text, "final", *args, result=fb, error=error)
 
     # -- background scheduling (APScheduler) ------------------------------------------------

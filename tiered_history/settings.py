@@ -72,6 +72,7 @@ class BoundarySettings(BaseModel):
     trigger_roles: list[Literal["system", "user", "assistant", "tool"]] = Field(
         default_factory=lambda: list(_TRIGGER_ROLES)
     )
+    min_topic_tokens: int = Field(120, ge=0, le=1_000_000)
 
 
 class SummarizerSettings(BaseModel):
@@ -172,9 +173,11 @@ def _env_values() -> dict[str, Any]:
     out: dict[str, Any] = {}
     prefix = "TIERED_HISTORY_"
     for key, raw in os.environ.items():
-        if not key.startswith(prefix) or key == "TIERED_HISTORY_CONFIG":
+        if not key.startswith(prefix):
             continue
         parts = key[len(prefix) :].lower().split("__")
+        if parts[0] not in Settings.model_fields:
+            continue  # TIERED_HISTORY_CONFIG and variables of tools and tests, not settings
         try:
             value = yaml.safe_load(raw) if raw != "" else None
         except yaml.YAMLError:

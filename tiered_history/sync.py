@@ -49,7 +49,7 @@ class SyncHistoryCompressor:
         target: str | sa.Engine | Store | None = None,
         *,
         settings: Settings | None = None,
-        summarizer: Summarizer | None = None,
+        summarizer: Summarizer | Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
         self._loop = _LoopThread()
@@ -66,7 +66,7 @@ class SyncHistoryCompressor:
         url: str | None = None,
         *,
         settings: Settings | None = None,
-        summarizer: Summarizer | None = None,
+        summarizer: Summarizer | Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> SyncHistoryCompressor:
         return cls(url, settings=settings, summarizer=summarizer, **overrides)
@@ -105,6 +105,9 @@ class SyncHistoryCompressor:
 
     def search(self, conversation_id: str, text: str, limit: int = 20) -> list[StoredMessage]:
         return self._loop.run(self.aio.search(conversation_id, text, limit))
+
+    def exists(self, conversation_id: str) -> bool:
+        return self._loop.run(self.aio.exists(conversation_id))
 
     def stats(self, conversation_id: str | None = None) -> list[ConversationStats]:
         return self._loop.run(self.aio.stats(conversation_id))

@@ -31,19 +31,26 @@ def group_units(messages_oldest_first: Sequence[StoredMessage]) -> list[list[Sto
     """Group messages into units that must be kept or dropped together.
 
     An assistant message with tool calls and the tool results that answer it form
-    one unit; every other message is a unit of its own. Tool results whose call is
-    not in the list (cut off by paging) are dropped: sent alone they are a 400.
+    one unit; every other message is a unit of its own. Sent without all of its
+    parts, a unit is a 400 from the provider, so incomplete units are left out:
+    tool results whose call was cut off by paging, and calls abandoned without
+    results. Only the newest unit may still await results (the bot is running
+    the tools right now).
     """
     units: list[list[StoredMessage]] = []
-    open_ids: set[str] = set()
+    complete: list[bool] = []
+    pending: set[str] = set()
     for m in messages_oldest_first:
         if m.role == "tool":
-            if units and m.tool_call_id in open_ids:
+            if units and m.tool_call_id in pending:
                 units[-1].append(m)
+                pending.discard(str(m.tool_call_id))
+                complete[-1] = not pending
             continue
         units.append([m])
-        open_ids = {str(c.get("id")) for c in m.tool_calls} if m.tool_calls else set()
-    return units
+        pending = {str(c.get("id")) for c in m.tool_calls} if m.tool_calls else set()
+        complete.append(not pending)
+    return [u for i, u in enumerate(units) if complete[i] or i == len(units) - 1]
 
 
 def _cost(unit: Sequence[StoredMessage]) -> int:

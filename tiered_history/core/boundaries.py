@@ -36,16 +36,28 @@ class BoundaryRules:
     trigger_roles: tuple[str, ...]
     silence: timedelta
     size_limit: int
+    min_tokens: int = 0
+    """Phrases and silence do not seal a topic smaller than this: it could not be summarised smaller."""
+
+
+# Scripts written without spaces between words: a phrase there needs no word boundary.
+_UNSPACED = re.compile("[\u0e00-\u0eff\u1000-\u109f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def _bounded(phrase: str) -> str:
+    head = "" if _UNSPACED.match(phrase[0]) else r"(?<!\w)"
+    tail = "" if _UNSPACED.match(phrase[-1]) else r"(?!\w)"
+    return f"{head}{re.escape(phrase)}{tail}"
 
 
 @lru_cache(maxsize=32)
 def phrase_pattern(phrases: tuple[str, ...]) -> re.Pattern[str] | None:
-    """One case-insensitive regex matching any phrase on word boundaries."""
+    """One case-insensitive regex matching any phrase on word boundaries (where the script has them)."""
     cleaned = [p.translate(_APOSTROPHES).strip().lower() for p in phrases if p.strip()]
     if not cleaned:
         return None
-    alternatives = "|".join(re.escape(p) for p in sorted(set(cleaned), key=len, reverse=True))
-    return re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
+    alternatives = "|".join(_bounded(p) for p in sorted(set(cleaned), key=len, reverse=True))
+    return re.compile(f"(?:{alternatives})", re.IGNORECASE)
 
 
 def explicit_boundary(content: str, phrases: Sequence[str]) -> bool:
@@ -69,14 +81,21 @@ def decide(
 ) -> str | None:
     """Should the open topic be sealed before this message? Returns the reason, or None.
 
-    The incoming message opens the new topic. A topic is never sealed while a tool
-    call awaits its result, so a call and its result always share a topic.
+    The incoming message opens the new topic. Tool results and assistant turns
+    never open one while a tool call awaits its result, so a call and its results
+    share a topic (a user turn abandons open calls; the store seals before them).
     """
-    if topic.messages == 0 or topic.tool_call_open or role == "tool":
+    if topic.messages == 0 or role == "tool" or (topic.tool_call_open and role == "assistant"):
         return None
-    if rules.explicit and role in rules.trigger_roles and explicit_boundary(content, rules.phrases):
+    big_enough = topic.tokens >= rules.min_tokens
+    if (
+        big_enough
+        and rules.explicit
+        and role in rules.trigger_roles
+        and explicit_boundary(content, rules.phrases)
+    ):
         return EXPLICIT
-    if rules.temporal and temporal_boundary(topic.last_timestamp, timestamp, rules.silence):
+    if big_enough and rules.temporal and temporal_boundary(topic.last_timestamp, timestamp, rules.silence):
         return TEMPORAL
     if rules.size and size_boundary(topic.tokens, topic.messages, tokens, rules.size_limit):
         return SIZE

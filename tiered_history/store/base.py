@@ -84,6 +84,17 @@ class SummaryWrite:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+def newest_unit(messages_oldest_first: list[StoredMessage]) -> list[StoredMessage]:
+    """The newest unpinned message, preceded by its tool call and sibling results if it is a tool result."""
+    msgs = [m for m in messages_oldest_first if not m.pinned]
+    if not msgs:
+        return []
+    start = len(msgs) - 1
+    while start > 0 and msgs[start].role == "tool":
+        start -= 1
+    return msgs[start:] if msgs[-1].role == "tool" else msgs[-1:]
+
+
 class LeaseLostError(Exception):
     """This worker's lease on a conversation expired and another worker took it over."""
 
@@ -132,6 +143,7 @@ class Store(Protocol):
         silence_before: datetime | None,
         conversation_id: str | None,
         limit: int,
+        min_tokens: int = 0,
     ) -> list[ConversationState]:
         """Lease up to ``limit`` conversations that have work (or ``conversation_id`` only)."""
         ...
@@ -149,7 +161,7 @@ class Store(Protocol):
     ) -> None: ...
 
     async def seal_if_silent(
-        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime
+        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime, min_tokens: int = 0
     ) -> Summary | None:
         """Seal the open topic if its newest message is older than ``silence_before`` (under the lease)."""
         ...

@@ -109,12 +109,18 @@ def prepare_engine(engine: sa.Engine) -> None:
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA busy_timeout=30000")
         cur.close()
+        # SQLite's lower() folds ASCII only; search must find "ZÜRICH" from "zürich".
+        dbapi_conn.create_function("lower", 1, _lower, deterministic=True)
 
     @event.listens_for(sync, "begin")
     def _on_begin(conn: sa.Connection) -> None:
         # Writers take the write lock up front: no deadlock-prone lock upgrades mid-transaction.
         immediate = conn.get_execution_options().get(WRITE_OPTION)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
 
 
 def capabilities(engine: sa.Engine) -> Capabilities:

@@ -21,6 +21,7 @@ from .base import (
     LeaseLostError,
     PreparedMessage,
     SummaryWrite,
+    newest_unit,
 )
 
 
@@ -103,10 +104,10 @@ class MemoryStore:
                     f"tool result {m.tool_call_id!r} answers no open tool call in this conversation "
                     "(add the assistant message with the matching tool_calls first)"
                 )
+            reason = policy(st.open_topic, prepared)
             if fresh:
                 self._convs[conversation_id] = conv
-            reason = policy(st.open_topic, prepared)
-            sealed = self._seal_range(conv, reason, now, st.last_sequence) if reason else None
+            sealed = self._seal_locked(conv, reason, now) if reason else None
             st = conv.state
             seq = st.last_sequence + 1
             stored = StoredMessage(
@@ -216,8 +217,8 @@ class MemoryStore:
                 verbatim.append(x)
                 tokens += x.token_count
             verbatim.reverse()
-            if st.summarized_upto >= st.last_sequence and conv.messages and not conv.messages[-1].pinned:
-                verbatim = [conv.messages[-1]]
+            if not verbatim and conv.messages:
+                verbatim = newest_unit(conv.messages[-64:])
             topics = [t for t in conv.topics if t.merged_into is None and t.status != "pending"]
             archives = [a for a in conv.archives if a.dropped_at is None]
             return ContextRows(st, pinned, verbatim, _newest(topics, token_cap), _newest(archives, token_cap))
@@ -253,6 +254,7 @@ class MemoryStore:
         silence_before: datetime | None,
         conversation_id: str | None,
         limit: int,
+        min_tokens: int = 0,
     ) -> list[ConversationState]:
         async with self._lock:
             out = []
@@ -271,6 +273,7 @@ class MemoryStore:
                 silent = (
                     silence_before is not None
                     and st.open_topic_messages > 0
+                    and st.open_topic_tokens >= min_tokens
                     and st.last_message_at is not None
                     and st.last_message_at < silence_before
                 )
@@ -309,7 +312,7 @@ class MemoryStore:
             )
 
     async def seal_if_silent(
-        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime
+        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime, min_tokens: int = 0
     ) -> Summary | None:
         async with self._lock:
             conv = self._fence(owner, conversation_id)

@@ -25,6 +25,7 @@ from .base import (
     LeaseLostError,
     PreparedMessage,
     SummaryWrite,
+    newest_unit,
 )
 from .dialect import Capabilities, capabilities, create_engine, prepare_engine, translate
 from .rows import MESSAGE_COLUMNS, to_message, to_state, to_summary
@@ -148,8 +149,14 @@ class SQLStore:
             )
             reason = policy(state.open_topic, prepared)
             if reason is not None:
-                sealed = self._seal_range(conn, state, reason, now, state.last_sequence)
-                topic_start, open_tokens, open_msgs = state.last_sequence + 1, 0, 0
+                sealed = self._seal_locked(conn, state, reason, now)
+                after = self._locked_state(conn, conversation_id)
+                assert after is not None
+                topic_start, open_tokens, open_msgs = (
+                    after.topic_start_seq,
+                    after.open_topic_tokens,
+                    after.open_topic_messages,
+                )
             seq = state.last_sequence + 1
             conn.execute(
                 sa.insert(H).values(
@@ -376,14 +383,12 @@ class SQLStore:
                 tool_units=True,
             )
             verbatim = [to_message(r) for r in verbatim_rows]
-            if state.summarized_upto >= state.last_sequence and state.last_sequence > 0:
-                newest = (
-                    conn.execute(
-                        sa.select(*MESSAGE_COLUMNS).where(is_msg, H.c.sequence == state.last_sequence)
-                    )
-                ).one()
-                if not newest.pinned:
-                    verbatim = [to_message(newest)]
+            if not verbatim and state.last_sequence > 0:
+                # Everything is summarised: still send the newest message, with its tool call if any.
+                tail = self._page_newest(
+                    conn, sa.select(*MESSAGE_COLUMNS).where(is_msg), H.c.sequence, 1, tool_units=True
+                )
+                verbatim = newest_unit([to_message(r) for r in tail])
             topic_rows = self._page_newest(
                 conn,
                 sa.select(H).where(
@@ -474,6 +479,7 @@ class SQLStore:
         silence_before: datetime | None,
         conversation_id: str | None,
         limit: int,
+        min_tokens: int = 0,
     ) -> list[ConversationState]:
         def run(conn: Connection) -> list[ConversationState]:
             free = sa.or_(C.c.lease_owner.is_(None), C.c.lease_expires_at < now)
@@ -487,7 +493,12 @@ class SQLStore:
                 )
                 if silence_before is not None:
                     due = sa.or_(
-                        due, sa.and_(C.c.open_topic_messages > 0, C.c.last_message_at < silence_before)
+                        due,
+                        sa.and_(
+                            C.c.open_topic_messages > 0,
+                            C.c.open_topic_tokens >= min_tokens,
+                            C.c.last_message_at < silence_before,
+                        ),
                     )
                 q = q.where(due)
             q = q.order_by(C.c.updated_at).limit(limit)
@@ -552,11 +563,13 @@ class SQLStore:
         await self._tx("releasing a lease", run, write=True)
 
     async def seal_if_silent(
-        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime
+        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime, min_tokens: int = 0
     ) -> Summary | None:
         def run(conn: Connection) -> Summary | None:
             state = self._fence(conn, owner, conversation_id)
             if state.open_topic_messages == 0 or state.last_message_at is None:
+                return None
+            if state.open_topic_tokens < min_tokens:
                 return None
             if state.last_message_at >= silence_before:
                 return None

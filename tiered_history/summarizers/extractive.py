@@ -29,27 +29,24 @@ _ROLE_WEIGHT = {"user": 1.5, "assistant": 1.0, "system": 0.9, "tool": 0.5}
 _FENCE_RE = re.compile(r"```[^\n]*\n?(.*?)(?:```|\Z)", re.S)
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])")
 _WORD_RE = re.compile(r"\w+(?:['’]\w+)*")
-_LINK_RE = re.compile(r"https?://\S+|www\.\S+\.\S+|[\w.+-]+@[\w-]+\.[\w.-]+")
-_PATH_RE = re.compile(
-    r"(?:^|[\s(\"'`])(?:~|\.{1,2})?/[\w.-]+/[\w./-]*|\b[A-Za-z]:\\\S+"
-    r"|\b[\w-]+\.(?:py|js|ts|tsx|json|ya?ml|toml|md|txt|csv|sql|sh|go|rs|java|cpp|html|css|ini|cfg|log)\b"
-)
+_DIGIT_RE = re.compile(r"\d")
+_URL_RE = re.compile(r"https?://\S+|www\.\S+\.\S+")
+_EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+\.\w[\w.-]*")
+_PATH_RE = re.compile(r"(?:~|\.{1,2})?/[\w.-]+/[\w./-]*|\b[A-Za-z]:\\\S+")
 _DATE_RE = re.compile(
-    r"\b\d{4}-\d{1,2}-\d{1,2}\b|\b\d{1,2}:\d{2}\b|\b\d{1,2}\s*[ap]\.?m\b|\b\d{1,2}/\d{1,2}(?:/\d{2,4})?\b"
-    r"|\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b"
-    r"|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}\b"
-    r"|\b(?:today|tomorrow|tonight|yesterday|next (?:week|month|year))\b",
-    re.I,
+    r"\d{4}-\d{1,2}-\d{1,2}|\b\d{1,2}:\d{2}\b|\b\d{1,2}\s*[ap]\.?m\b|\b\d{1,2}/\d{1,2}\b", re.I
 )
-_IDENT_RE = re.compile(
-    r"`[^`\n]+`|\b[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b|\b[a-z]+[A-Z]\w*|\b[A-Z][a-z0-9]+[A-Z]\w*"
-    r"|\b[A-Za-z_]\w+(?:\.[A-Za-z_]\w*)+|\b\w+\(\)"
+_MONTH_DAY_RE = re.compile(
+    r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}\b", re.I
 )
-_CUE_RE = re.compile(
-    r"\b(?:decid\w*|decision|we['’]ll|we will|agreed?|must|always|never|prefer\w*|please|don['’]t|do not"
-    r"|todo|deadline|because|need to|needs to|should|important|remember|make sure|instead|require[sd]?)\b",
-    re.I,
-)
+_SNAKE_RE = re.compile(r"[A-Za-z0-9]_[A-Za-z0-9]")
+_CAMEL_GUARD_RE = re.compile(r"[a-z][A-Z]")
+_CAMEL_RE = re.compile(r"\w*[a-z][A-Z]\w*")
+# A capitalised word that does not start the sentence (and is not "I"): most likely a name.
+_NAME_RE = re.compile(r"(?<=[\w,;:)] )(?!I\b|I['’])[A-Z]")
+_DOTTED_GUARD_RE = re.compile(r"\w\.[A-Za-z_]")
+_DOTTED_RE = re.compile(r"\b[A-Za-z_]\w+(?:\.[A-Za-z_]\w*)+")
+_BACKTICK_RE = re.compile(r"`[^`\n]+`")
 # Word lists kept as prose: easier to read and extend than a column of quoted strings.
 _FILLER_WORDS = (
     "ok okay k kk thanks thank you thx ty lol lmao haha hah hehe sure cool great nice yes yeah yep yup no "
@@ -63,8 +60,26 @@ _STOP_WORDS = (
     "been being does did doing done yes one two get got make made like want need should here now "
     "may might must let lets sure okay thanks please well still only even each other over under"
 )
+_CUE_WORDS = (
+    "decided decide decision we'll agreed agree must always never please don't todo deadline because should "
+    "important remember instead require required requires won't can't"
+)
+_EXTENSIONS = "py js ts tsx json yaml yml toml md txt csv sql sh go rs java cpp html css ini cfg log"
+_DATE_WORDS = "monday tuesday wednesday thursday friday saturday sunday today tomorrow tonight yesterday"
+_MONTH_WORDS = (
+    "jan feb mar apr may jun jul aug sep sept oct nov dec "
+    "january february march april june july august september october november december"
+)
 _FILLER = frozenset(_FILLER_WORDS.split())
 _STOPWORDS = frozenset(_STOP_WORDS.split())
+_CUES = frozenset(_CUE_WORDS.split())
+_CUE_PREFIXES = ("decid", "prefer")
+_CUE_PHRASES = ("we will", "do not", "need to", "needs to", "make sure", "let's")
+_DATES = frozenset(_DATE_WORDS.split())
+_MONTHS = frozenset(_MONTH_WORDS.split())
+_FILE_EXTENSIONS = frozenset(_EXTENSIONS.split())
+_FILE_RE = re.compile(r"\b[\w-]+\.(?:" + "|".join(sorted(_FILE_EXTENSIONS)) + r")\b")
+_PRONOUNS = frozenset({"I", "I'm", "I'll", "I've", "I'd", "I’m", "I’ll", "I’ve", "I’d"})
 _LINE_PREFIX_RE = re.compile(
     r"^(?:[-*•]\s+|\d+[.)]\s+)?(?:(?:[\w-]{1,64} \((?:user|assistant|system|tool)\)|User|Assistant|System"
     r"|Tool|Topic):\s+)?"
@@ -80,10 +95,12 @@ class _Unit:
     group: int
     block: int
     prefix: str
+    line_cost: int
     text: str
     tokens: int
     score: float
     words: frozenset[str]
+    filler: bool
 
     @property
     def rank(self) -> float:
@@ -91,6 +108,8 @@ class _Unit:
         return self.score / math.pow(max(1.0, self.tokens / 20), 0.3)
 
 
+#: (block, group, prefix, role, sentence): a sentence before scoring; ``block`` is the merge piece.
+_Raw = tuple[int, int, str, str, str]
 _Render = Callable[[list[_Unit]], str]
 
 
@@ -115,13 +134,13 @@ def _split_prose(text: str) -> list[str]:
     return [" ".join(s.split()) for line in text.splitlines() for s in _SENTENCE_END_RE.split(line)]
 
 
-def _content_words(text: str) -> list[str]:
-    words = (w.lower() for w in _WORD_RE.findall(text))
+def _lower_words(text: str) -> list[str]:
+    return _WORD_RE.findall(text.lower().replace("’", "'"))
+
+
+def _content_words(words: Iterable[str]) -> list[str]:
+    """The lower-cased words that carry the topic (no stop words, no bare numbers)."""
     return [w for w in words if len(w) > 2 and w not in _STOPWORDS and not w.isdigit()]
-
-
-def _words(text: str) -> frozenset[str]:
-    return frozenset(_content_words(text))
 
 
 def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
@@ -134,24 +153,46 @@ def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
     )
 
 
-def _is_filler(text: str) -> bool:
-    words = [w.lower() for w in _WORD_RE.findall(text)]
-    return all(w in _FILLER for w in words)
+def _info(text: str, words: set[str]) -> float:
+    """Bonus for what a summary must not lose: links, paths, dates, numbers, identifiers, names, decisions.
+
+    ``words`` are the sentence's lower-cased words. Cheap substring and set tests guard the
+    regexes: most sentences contain none of these things, and this runs for every sentence.
+    """
+    has_digit = _DIGIT_RE.search(text) is not None
+    links = len(_URL_RE.findall(text)) if "://" in text or "www." in text else 0
+    links += len(_EMAIL_RE.findall(text)) if "@" in text else 0
+    links += len(_PATH_RE.findall(text)) if "/" in text or "\\" in text else 0
+    links += len(_FILE_RE.findall(text)) if words & _FILE_EXTENSIONS else 0
+    dated = bool(words & _DATES) or (
+        has_digit
+        and (_DATE_RE.search(text) is not None or bool(words & _MONTHS and _MONTH_DAY_RE.search(text)))
+    )
+    idents = len(_SNAKE_RE.findall(text)) if "_" in text else 0
+    idents += len(_CAMEL_RE.findall(text)) if _CAMEL_GUARD_RE.search(text) else 0
+    idents += len(_DOTTED_RE.findall(text)) if _DOTTED_GUARD_RE.search(text) else 0
+    idents += len(_BACKTICK_RE.findall(text)) if "`" in text else 0
+    idents += text.count("()")
+    cues = len(words & _CUES) + sum(w.startswith(_CUE_PREFIXES) for w in words)
+    lowered = text.lower()
+    cues += sum(phrase in lowered for phrase in _CUE_PHRASES)
+    names = len(_NAME_RE.findall(text))
+    return (
+        2.0 * min(links, 2)
+        + 1.5 * dated
+        + 1.0 * has_digit
+        + 1.5 * min(idents, 2)
+        + 1.5 * min(cues, 2)
+        + 0.75 * min(names, 2)
+    )
 
 
-def _score(text: str, role: str, freq: Counter[str]) -> float:
+def _score(text: str, words: list[str], content: frozenset[str], role: str, freq: Counter[str]) -> float:
     """How much a sentence is worth keeping: facts, decisions and recurring topic words."""
-    info = 2.0 * min(len(_LINK_RE.findall(text)) + len(_PATH_RE.findall(text)), 2)
-    info += 1.5 * bool(_DATE_RE.search(text)) + 1.0 * any(c.isdigit() for c in text)
-    info += 1.5 * min(len(_IDENT_RE.findall(text)), 2)
-    info += 1.5 * min(len(_CUE_RE.findall(text)), 2)
-    words = _WORD_RE.findall(text)
-    names = sum(1 for w in words[1:] if w[0].isupper() and w not in {"I", "I'm", "I'll", "I've", "I'd"})
-    info += 0.75 * min(names, 2)
-    content = set(_content_words(text))
+    info = _info(text, set(words))
     recurring = sum(min(freq[w], 6) - 1 for w in content if freq[w] > 1)
     info += 0.6 * min(recurring / math.sqrt(len(content) + 1), 3.0)
-    filler_share = sum(w.lower() in _FILLER for w in words) / max(len(words), 1)
+    filler_share = len([w for w in words if w in _FILLER]) / max(len(words), 1)
     if len(words) < 3 and info == 0:
         info -= 0.5
     return _ROLE_WEIGHT.get(role, 0.8) * max(0.05, 1.0 + info - filler_share)
@@ -183,15 +224,15 @@ class ExtractiveSummarizer:
 
     async def merge(self, pieces: Sequence[SummaryPiece], target_tokens: int) -> SummaryResult:
         started = time.perf_counter()
-        source = sum(self.counter.count(p.text) for p in pieces)
-        return self._result(self._merge_text(pieces, _budget(target_tokens, source)), started)
+        sizes = [self.counter.count(p.text) for p in pieces]
+        return self._result(self._merge_text(pieces, sizes, _budget(target_tokens, sum(sizes))), started)
 
     # -- summarize ------------------------------------------------------------------------------
 
     def _summarize_text(self, messages: Sequence[SummaryInput], budget: int) -> str:
         if budget <= 0:
             return ""
-        raw: list[tuple[int, str, str, str]] = []  # (group, prefix, role, sentence)
+        raw: list[_Raw] = []
         group, last_label = -1, None
         for message in messages:
             sentences = _split_sentences(message.content)
@@ -199,27 +240,15 @@ class ExtractiveSummarizer:
             label = f"{message.name} ({role})" if message.name else role.capitalize()
             if sentences and label != last_label:
                 group, last_label = group + 1, label
-            raw += [(group, f"{label}: ", message.role, s) for s in sentences]
-        freq = Counter(w for *_, s in raw for w in _content_words(s))
-        units: list[_Unit] = []
-        seen: set[str] = set()
-        opener_boosted = False
-        for group, prefix, role, sentence in raw:
-            if sentence.casefold() in seen:
-                continue
-            seen.add(sentence.casefold())
-            unit = self._unit(len(units), group, 0, prefix, sentence, role, freq)
-            if role == "user" and not opener_boosted and not _is_filler(sentence):
-                # The first thing the user says usually states what the topic is about.
-                unit, opener_boosted = replace(unit, score=unit.score + 0.75), True
-            units.append(unit)
-        units = self._drop_filler(units)
+            raw += [(0, group, f"{label}: ", message.role, s) for s in sentences]
+        units, freq = self._units(raw, boost_opener=True)
         if not units:
             return ""
 
         topic = self._topic_line(freq, [s for *_, s in raw], budget)
         reserved = self.counter.count(topic) + 1 if topic else 0
-        chosen = self._greedy(units, budget - reserved, [])
+        room = budget - reserved
+        chosen = self._greedy(units, room, []) or self._best_head(units, room)
 
         def render(selected: list[_Unit]) -> str:
             return "\n".join(([topic] if topic else []) + self._lines(selected))
@@ -227,9 +256,10 @@ class ExtractiveSummarizer:
         text = self._repair(chosen, render, budget)
         if not text.strip() and topic:
             topic = ""
-            text = self._repair(self._greedy(units, budget, []), render, budget)
+            chosen = self._greedy(units, budget, []) or self._best_head(units, budget)
+            text = self._repair(chosen, render, budget)
         if not text.strip():
-            # Prefixes did not fit (tiny source or target): the single best sentence, bare.
+            # Not even a prefix fits (tiny source or target): the head of the best sentence, bare.
             text = self._clip(max(units, key=lambda u: (u.rank, -u.order)).text, budget)
         return self._clip(text, budget)
 
@@ -241,17 +271,16 @@ class ExtractiveSummarizer:
         spelled: dict[str, str] = {}
         for sentence in sentences:
             for word in _WORD_RE.findall(sentence):
-                spelled.setdefault(word.lower(), word)
-        line = "Topic: " + ", ".join(spelled[k] for k in keywords)
+                spelled.setdefault(word.lower().replace("’", "'"), word)
+        line = "Topic: " + ", ".join(spelled[k] for k in keywords if k in spelled)
         return line if self.counter.count(line) <= budget // 6 else ""
 
     # -- merge ----------------------------------------------------------------------------------
 
-    def _merge_text(self, pieces: Sequence[SummaryPiece], budget: int) -> str:
+    def _merge_text(self, pieces: Sequence[SummaryPiece], sizes: list[int], budget: int) -> str:
         if budget <= 0 or not pieces:
             return ""
-        units: list[_Unit] = []
-        raw: list[tuple[int, int, str, str, str]] = []  # (block, group, prefix, role, sentence)
+        raw: list[_Raw] = []
         group = 0
         for block, piece in enumerate(pieces):
             for line in piece.text.splitlines():
@@ -264,10 +293,7 @@ class ExtractiveSummarizer:
                 role = next((r for r in _ROLE_WEIGHT if r in lowered), "topic" if "topic" in lowered else "")
                 raw += [(block, group, prefix, role, s) for s in _split_sentences(line[len(prefix) :])]
                 group += 1
-        freq = Counter(w for *_, s in raw for w in _content_words(s))
-        for block, group, prefix, role, sentence in raw:
-            units.append(self._unit(len(units), group, block, prefix, sentence, role, freq))
-        units = self._drop_filler(units)
+        units, _ = self._units(raw, boost_opener=False)
         if not units:
             return ""
 
@@ -283,7 +309,7 @@ class ExtractiveSummarizer:
         else:
             overall = ""
 
-        chosen = self._fair_share(pieces, units, budget - header_cost)
+        chosen = self._fair_share(sizes, units, budget - header_cost)
 
         def render(selected: list[_Unit]) -> str:
             lines = [overall] if overall else []
@@ -294,59 +320,93 @@ class ExtractiveSummarizer:
 
         return self._clip(self._repair(chosen, render, budget), budget)
 
-    def _fair_share(self, pieces: Sequence[SummaryPiece], units: list[_Unit], budget: int) -> list[_Unit]:
-        """Each piece gets at least its best line (if possible) plus a share proportional to its size."""
-        by_block = [[u for u in units if u.block == b] for b in range(len(pieces))]
-        weights = [max(self.counter.count(p.text), 1) for p in pieces]
-        best = [min((self._cost(u, set()) for u in bu), default=0) for bu in by_block]
-        reserve = [min(b, budget // len(pieces)) for b in best]
+    def _fair_share(self, sizes: list[int], units: list[_Unit], budget: int) -> list[_Unit]:
+        """Each piece gets room for a line (if at all possible) plus a share proportional to its size."""
+        by_block = [[u for u in units if u.block == b] for b in range(len(sizes))]
+        weights = [max(size, 1) for size in sizes]
+        cheapest = [min((self._cost(u, set()) for u in bu), default=0) for bu in by_block]
+        reserve = [min(c, budget // len(sizes)) for c in cheapest]
         spare = max(budget - sum(reserve), 0)
         chosen: list[_Unit] = []
         for block, block_units in enumerate(by_block):
             share = reserve[block] + spare * weights[block] // sum(weights)
-            picked = self._greedy(block_units, share, [])
-            if not picked and block_units:
-                # Even its best line is too long for its share: keep that line's head.
-                top = max(block_units, key=lambda u: (u.rank, -u.order))
-                room = share - self._cost(top, set()) + top.tokens
-                if room >= 2:
-                    text = self._clip(top.text, room)
-                    picked = [replace(top, text=text, tokens=self.counter.count(text))]
-            chosen += picked
+            chosen += self._greedy(block_units, share, []) or self._best_head(block_units, share)
         # Whatever a piece left unused goes to the best remaining lines anywhere.
         return self._greedy(units, budget, chosen)
 
     # -- shared machinery -----------------------------------------------------------------------
 
-    def _unit(
-        self, order: int, group: int, block: int, prefix: str, text: str, role: str, freq: Counter[str]
-    ) -> _Unit:
-        text = self._clip(text, MAX_SENTENCE_TOKENS)
-        tokens = self.counter.count(text)
-        return _Unit(order, group, block, prefix, text, tokens, _score(text, role, freq), _words(text))
+    def _units(self, raw: list[_Raw], boost_opener: bool) -> tuple[list[_Unit], Counter[str]]:
+        """Score each distinct sentence; pure filler goes unless nothing else is left."""
+        freq = Counter(w for *_, sentence in raw for w in _content_words(_lower_words(sentence)))
+        units: list[_Unit] = []
+        seen: set[str] = set()
+        line_costs: dict[str, int] = {}
+        for block, group, prefix, role, sentence in raw:
+            if sentence.casefold() in seen:
+                continue
+            seen.add(sentence.casefold())
+            if prefix not in line_costs:
+                line_costs[prefix] = self.counter.count(prefix) + 1  # +1: the newline before it
+            unit = self._unit(len(units), group, block, prefix, line_costs[prefix], sentence, role, freq)
+            if boost_opener and role == "user" and not unit.filler:
+                # The first thing the user says usually states what the topic is about.
+                unit, boost_opener = replace(unit, score=unit.score + 0.75), False
+            units.append(unit)
+        substantive = [u for u in units if not u.filler]
+        return substantive or units, freq
 
-    @staticmethod
-    def _drop_filler(units: list[_Unit]) -> list[_Unit]:
-        substantive = [u for u in units if not _is_filler(u.text)]
-        return substantive or units
+    def _unit(
+        self,
+        order: int,
+        group: int,
+        block: int,
+        prefix: str,
+        line_cost: int,
+        text: str,
+        role: str,
+        freq: Counter[str],
+    ) -> _Unit:
+        # Counting a huge sentence in full would be wasted: it is cut to its head anyway.
+        huge = len(text) > MAX_SENTENCE_TOKENS * _MAX_CHARS_PER_TOKEN
+        tokens = MAX_SENTENCE_TOKENS + 1 if huge else self.counter.count(text)
+        if tokens > MAX_SENTENCE_TOKENS:
+            text = self._head(text, MAX_SENTENCE_TOKENS)
+            tokens = self.counter.count(text)
+        words = _lower_words(text)
+        content = frozenset(_content_words(words))
+        filler = all(w in _FILLER for w in words)
+        score = _score(text, words, content, role, freq)
+        return _Unit(order, group, block, prefix, line_cost, text, tokens, score, content, filler)
+
+    def _best_head(self, units: list[_Unit], budget: int) -> list[_Unit]:
+        """When no sentence fits whole: the best one cut down to fit, prefix included (or nothing)."""
+        if not units:
+            return []
+        top = max(units, key=lambda u: (u.rank, -u.order))
+        text = self._clip(top.text, budget - top.line_cost)
+        return [replace(top, text=text, tokens=self.counter.count(text))] if text else []
 
     def _cost(self, unit: _Unit, open_groups: set[int]) -> int:
         # A line's prefix and newline are paid by its first selected sentence; a joining space
         # usually merges into the next word's token, so continuing a line costs the text alone.
-        return unit.tokens + (0 if unit.group in open_groups else self.counter.count(unit.prefix) + 1)
+        return unit.tokens + (0 if unit.group in open_groups else unit.line_cost)
 
     def _greedy(self, units: Iterable[_Unit], budget: int, already: list[_Unit]) -> list[_Unit]:
         """Add the best-ranked units that still fit (estimated cost) to ``already``."""
         chosen = list(already)
         taken = {u.order for u in chosen}
         open_groups = {u.group for u in chosen}
-        prefixes = {u.group: u.prefix for u in chosen}
-        used = sum(u.tokens for u in chosen) + sum(self.counter.count(p) + 1 for p in prefixes.values())
-        for unit in sorted(units, key=lambda u: (-u.rank, u.order)):
-            if unit.order in taken or _repeats(unit, chosen):
-                continue
+        line_costs = {u.group: u.line_cost for u in chosen}
+        used = sum(u.tokens for u in chosen) + sum(line_costs.values())
+        candidates = sorted(units, key=lambda u: (-u.rank, u.order))
+        smallest = min((u.tokens for u in candidates), default=0)
+        for unit in candidates:
+            if budget - used < smallest:
+                break
             cost = self._cost(unit, open_groups)
-            if used + cost <= budget:
+            # The near-duplicate test is the costly one, so it comes last.
+            if used + cost <= budget and unit.order not in taken and not _repeats(unit, chosen):
                 chosen.append(unit)
                 taken.add(unit.order)
                 open_groups.add(unit.group)
@@ -383,6 +443,10 @@ class ExtractiveSummarizer:
             return ""
         if len(text) <= limit * _MAX_CHARS_PER_TOKEN and self.counter.count(text) <= limit:
             return text
+        return self._head(text, limit)
+
+    def _head(self, text: str, limit: int) -> str:
+        """The head of a ``text`` known not to fit, plus "…", within ``limit`` tokens ("" if none fits)."""
         # Longer than this cannot fit anyway; encoding only the probe keeps huge inputs cheap.
         tokens = self.counter.encode(text[: limit * _MAX_CHARS_PER_TOKEN])
         keep = min(limit - 1, len(tokens))

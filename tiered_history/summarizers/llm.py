@@ -98,12 +98,13 @@ def _import_litellm() -> ModuleType:
             module = importlib.import_module("litellm")
         except ImportError as exc:  # pragma: no cover - litellm is a hard dependency
             raise SummarizerError("the litellm summariser needs the 'litellm' package") from exc
-        # litellm prints "Give Feedback / Get Help" banners and debug lines on every error.
+        # litellm prints "Give Feedback / Get Help" banners on every error and logs each call
+        # at INFO; keep it quiet unless the user configured its logging (LITELLM_LOG or a level).
         lib: Any = module
         lib.suppress_debug_info = True
         lib.set_verbose = False
         logger = logging.getLogger("LiteLLM")
-        if logger.level == logging.NOTSET or logger.level < logging.WARNING:
+        if not os.environ.get("LITELLM_LOG") and logger.level == logging.NOTSET:
             logger.setLevel(logging.WARNING)
         _litellm = module
     return _litellm
