@@ -41,6 +41,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import REPO, git_revision, log, machine, table, update_section
+from tiered_history import HistoryCompressor
 from tiered_history.core.boundaries import (
     BoundaryRules,
     OpenTopic,
@@ -49,7 +50,7 @@ from tiered_history.core.boundaries import (
     size_boundary,
 )
 from tiered_history.core.budget import topic_size_limit
-from tiered_history.settings import DEFAULT_TRIGGER_PHRASES, Settings
+from tiered_history.settings import DEFAULT_TRIGGER_PHRASES
 from tiered_history.tokens import TokenCounter
 
 TOLERANCE = 5
@@ -190,16 +191,7 @@ def size_rule(limit: int) -> Detector:
 
 def library_rules(extra: Detector | None = None) -> Detector:
     """The library's ``decide`` with default settings, turns a few seconds apart (optionally OR ``extra``)."""
-    s = Settings()
-    rules = BoundaryRules(
-        explicit=s.boundaries.explicit,
-        temporal=s.boundaries.temporal,
-        size=s.boundaries.size,
-        phrases=tuple(s.boundaries.trigger_phrases),
-        trigger_roles=tuple(s.boundaries.trigger_roles),
-        silence=timedelta(minutes=s.silence_minutes),
-        size_limit=topic_size_limit(s.context_budget, s.tiers.current_topic, s.token_threshold),
-    )
+    rules: BoundaryRules = HistoryCompressor("memory://")._rules  # exactly what add_message applies
     t0 = datetime(2024, 1, 1, tzinfo=UTC)
 
     def run(d: Dialog) -> set[int]:
@@ -288,8 +280,8 @@ def _similarities(d: Dialog, window: int) -> list[float | None]:
         else:
             n = i
             ctx: Counter[str] = Counter()
-            for b in bags[max(0, i - window) : i]:
-                ctx.update(b)
+            for prev in bags[max(0, i - window) : i]:
+                ctx.update(prev)
 
             def w(term: str, tf: int, n: int = n) -> float:
                 return (1 + math.log(tf)) * (math.log((1 + n) / (1 + df[term])) + 1)
@@ -409,7 +401,7 @@ def evaluate_tiage(data: Path, counter: TokenCounter) -> tuple[str, Lexical]:
             score(test, [size_rule(default_limit)(d) for d in test]),
         ),
         row(f"size rule, tuned limit ({lim} tokens)", score(test, [size_rule(lim)(d) for d in test])),
-        row("temporal rule", Score(0, 0, gold_n), "not evaluable: no timestamps"),
+        ["temporal rule", "-", "-", "-", "-", "not evaluable: no timestamps"],
         row(
             "library `decide` (explicit + temporal + size, defaults)",
             score(test, [library_rules()(d) for d in test]),

@@ -97,7 +97,7 @@ async def profile(url: str, args: argparse.Namespace) -> None:
     try:
         import aiosqlite.core as aiocore
 
-        original = aiocore.Connection._execute
+        original: Any = aiocore.Connection._execute
 
         async def counting(self: Any, fn: Any, *a: Any, **k: Any) -> Any:
             hops[getattr(fn, "__name__", "call")] += 1

@@ -93,7 +93,7 @@ tool_op = st.tuples(
     st.just("tools"),
     st.integers(1, 3),  # calls
     st.lists(sizes, min_size=3, max_size=3),  # result sizes
-    st.booleans(),  # leave the round unfinished (only honoured for the last operation)
+    st.sampled_from([False, False, False, True]),  # unfinished: the next turn abandons the open calls
 )
 seal_op = st.just(("seal",))
 maintain_op = st.tuples(st.just("maintain"), st.sampled_from([1, 5, 40, 120]), st.booleans())
@@ -150,7 +150,6 @@ async def run_script(hc: HistoryCompressor, script: Script, ops: list[tuple[Any,
     await add_b()
     await add(a, Message(role="user", content=f"{A_TAG} hello", timestamp=tick(1)))
     for n, op in enumerate(ops):
-        last = n == len(ops) - 1
         script.index += 1
         i = script.index
         kind = op[0]
@@ -179,7 +178,7 @@ async def run_script(hc: HistoryCompressor, script: Script, ops: list[tuple[Any,
             ]
             preface = rng.choice(["", f"{A_TAG} calling tools {i}"])
             await add(a, Message(role="assistant", content=preface, tool_calls=calls, timestamp=tick(1)))
-            answered = rng.randint(0, n_calls - 1) if unfinished and last else n_calls
+            answered = rng.randint(0, n_calls - 1) if unfinished else n_calls
             for j in range(answered):
                 content = text_of(rng, A_TAG, i, result_sizes[j])
                 msg = Message(
@@ -209,17 +208,16 @@ def summarized_upto(history: History) -> int:
     return upto
 
 
+def last_unit(messages: list[StoredMessage]) -> list[StoredMessage]:
+    """The last message with the tool call it answers and that call's other results so far."""
+    start = len(messages) - 1
+    while start > 0 and messages[start].role == "tool":
+        start -= 1
+    return messages[start:] if messages else []
+
+
 def newest_unit(history: History) -> list[StoredMessage]:
-    """The newest message with the tool call it answers and that call's other results so far."""
-    newest = history.messages[-1]
-    if newest.role != "tool":
-        return [newest]
-    unit = [newest]
-    for m in reversed(history.messages[:-1]):
-        unit.insert(0, m)
-        if m.role != "tool":
-            break
-    return unit
+    return last_unit(history.messages)
 
 
 def check_history(history: History, added: list[StoredMessage]) -> None:
@@ -263,7 +261,26 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
     active_archives = [a for a in history.archives if a.dropped_at is None and a.rendered]
     k_t, k_a = len(ctx.historical_topics), len(ctx.bulk_archives)
     assert [t.id for t in ctx.historical_topics] == [t.id for t in active_topics[len(active_topics) - k_t :]]
-    assert [a.id for a in ctx.bulk_archives] == [a.id for a in active_archives[len(active_archives) - k_a :]]
+    # Archives: a newest run over all of them; dropped ones (always the oldest) only fill room
+    # that every other tier left unused.
+    all_archives = [a for a in history.archives if a.rendered]
+    assert [a.id for a in ctx.bulk_archives] == [a.id for a in all_archives[len(all_archives) - k_a :]]
+    revived = [a for a in ctx.bulk_archives if a.dropped_at is not None]
+    if revived:
+        assert {a.id for a in active_archives} <= {a.id for a in ctx.bulk_archives}
+        # The room they use could not take the next older topic summary or current-topic unit.
+        room = max_tokens - ctx.total_tokens + sum(a.token_count for a in revived)
+        if k_t < len(active_topics):
+            assert active_topics[len(active_topics) - k_t - 1].token_count > room
+        covered = summarized_upto(history)
+        uncovered = [m for m in history.messages if m.sequence > covered and not m.pinned]
+        shown = {m.sequence for m in ctx.current_topic}
+        older = [m for m in uncovered if m.sequence < min(shown, default=10**9)]
+        if older:
+            start = len(older) - 1
+            while start > 0 and older[start].role == "tool":
+                start -= 1
+            assert sum(m.token_count for m in older[start:]) > room
     summaries: list[Summary] = ctx.bulk_archives + ctx.historical_topics
     for s in summaries:
         shown = s.to_openai()
@@ -287,24 +304,24 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
     if summaries:
         top = max(s.last_sequence for s in summaries)
         later = [m for m in current if m.sequence <= top]
-        assert later == [] or (later == current == [current[-1]] and current[-1].sequence == newest.sequence)
+        # Only the newest unpinned unit is repeated verbatim when everything up to it is summarised.
+        unpinned = [m for m in history.messages if not m.pinned]
+        newest_seqs = [m.sequence for m in last_unit(unpinned)]
+        assert later == [] or [m.sequence for m in later] == seqs == newest_seqs
     if uncovered:
         assert seqs == [m.sequence for m in uncovered][len(uncovered) - len(current) :]
     if current:
         assert current[0].role != "tool"
 
     # The newest message is always there (cut head + tail only if it alone is over budget).
-    # Known bug (test_context.py::test_newest_tool_result_is_sent_after_its_topic_is_summarised):
-    # a newest tool result whose topic is already summarised is dropped with its call.
-    known_bug = newest.role == "tool" and covered_upto >= newest.sequence
-    if not newest.pinned and not known_bug:
+    if not newest.pinned:
         assert current, "the newest message is missing"
         shown = msgs[-1]
         assert current[-1].sequence == newest.sequence
         assert shown["role"] == newest.role
         assert shown.get("tool_call_id") == newest.tool_call_id
     unit_seqs = {m.sequence for m in newest_unit(history)}
-    if not newest.pinned and not known_bug:
+    if not newest.pinned:
         assert unit_seqs <= set(seqs), "the newest message's tool unit is incomplete"
     stored_by_seq = {m.sequence: m for m in history.messages}
     for m, shown in zip(current, msgs[len(msgs) - len(current) :], strict=True):
@@ -331,6 +348,13 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
                 run.append(str(current[i].tool_call_id))
                 i += 1
             assert run == results_of.get(m.sequence, []), (m.sequence, run)
+            # Only the newest unit may still wait for results: any other must be complete (else a 400).
+            # Known bug (test_context.py::test_a_call_abandoned_by_a_pinned_message_is_not_sent): a call
+            # abandoned by pinned messages only is still sent, without results.
+            after = [x for x in history.messages if x.sequence > current[i - 1].sequence]
+            known_bug = i == len(current) and bool(after) and all(x.pinned for x in after)
+            if m.sequence != newest_unit(history)[0].sequence and not known_bug:
+                assert sorted(run) == sorted(str(c["id"]) for c in m.tool_calls), (m.sequence, run)
 
 
 def must_be_too_small(history: History, max_tokens: int) -> bool:

@@ -306,6 +306,9 @@ def show_context(ctx: CompressedContext, console: Console | None = None, limit: 
         console.print(_messages_table(f"Pinned ({len(ctx.pinned)})", ctx.pinned))
     console.print(_summaries_table(f"Bulk archives ({len(ctx.bulk_archives)})", ctx.bulk_archives))
     console.print(_summaries_table(f"Topic summaries ({len(ctx.historical_topics)})", ctx.historical_topics))
+    if ctx.recent_topics:
+        title = f"Recent topics, word for word instead of summarised ({len(ctx.recent_topics)} messages)"
+        console.print(_messages_table(title, ctx.recent_topics, limit=limit))
     console.print(
         _messages_table(f"Current topic ({len(ctx.current_topic)} messages)", ctx.current_topic, limit=limit)
     )
@@ -329,6 +332,8 @@ def show_context(ctx: CompressedContext, console: Console | None = None, limit: 
             str(alloc),
             f"{alloc / budget:.0%}",
         )
+    if ctx.tier_tokens.get("recent"):
+        split.add_row("recent topics (spare room)", str(ctx.tier_tokens["recent"]), "-", "-")
     split.add_row("framing", str(ctx.tier_tokens.get("framing", 0)), "-", "-")
     split.add_row(
         Text("total", style="bold"), Text(str(ctx.total_tokens), style="bold"), str(ctx.max_tokens), ""
@@ -355,6 +360,7 @@ def _context_json(ctx: CompressedContext) -> dict[str, Any]:
             "pinned": len(ctx.pinned),
             "bulk_archives": len(ctx.bulk_archives),
             "historical_topics": len(ctx.historical_topics),
+            "recent_topics": len(ctx.recent_topics),
             "current_topic": len(ctx.current_topic),
         },
         "messages": ctx.to_messages(),

@@ -255,12 +255,19 @@ class CompressedContext:
     omitted_messages: int = 0
     """Uncovered messages that did not fit (newest-first cut); they are still stored."""
     truncated_newest: bool = False
+    recent_topics: list[StoredMessage] = field(default_factory=list)
+    """Messages of the newest summarised topics, sent word for word instead of their summaries
+    because the budget had room for them."""
 
     def to_messages(self) -> list[dict[str, Any]]:
-        """OpenAI chat-format dicts in chronological order, ready for litellm or openai."""
+        """OpenAI chat-format dicts in chronological order, ready for litellm or openai.
+
+        Pinned messages, archives, topic summaries, recent topics, current topic.
+        """
         out: list[dict[str, Any]] = [m.to_openai() for m in self.pinned]
         out.extend(s.to_openai() for s in self.bulk_archives)
         out.extend(s.to_openai() for s in self.historical_topics)
+        out.extend(m.to_openai() for m in self.recent_topics)
         out.extend(m.to_openai() for m in self.current_topic)
         return out
 

@@ -18,12 +18,11 @@ from types import TracebackType
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .core import escalation
 from .core.assembly import Shares, assemble
 from .core.boundaries import MANUAL, BoundaryRules, OpenTopic, decide
-from .core.budget import check_max_tokens, topic_size_limit
+from .core.budget import check_max_tokens, escalation_budget, topic_size_limit
 from .core.render import render_summary
 from .core.truncation import head_tail
 from .errors import ConfigurationError, ConversationNotFoundError, InvalidMessageError
@@ -39,7 +38,7 @@ from .models import (
 from .settings import Settings
 from .store.base import ContextRows, LeaseLostError, PreparedMessage, Store, SummaryWrite
 from .summarizers import ExtractiveSummarizer, Summarizer, SummaryInput, SummaryPiece, build_summarizer
-from .tokens import REPLY_PRIMING_TOKENS, TokenCounter
+from .tokens import TokenCounter
 
 log = logging.getLogger("tiered_history")
 
@@ -72,7 +71,7 @@ def _open_store(target: str | sa.Engine | Store, encoding: str) -> Store:
         from .store.sql import SQLStore
 
         return SQLStore(target, encoding=encoding)
-    if isinstance(target, AsyncEngine):
+    if type(target).__name__ == "AsyncEngine":  # not imported: sqlalchemy.ext.asyncio is slow to load
         raise ConfigurationError(
             "pass a URL or a synchronous sqlalchemy Engine (the store runs its queries on a thread pool); "
             "for an AsyncEngine pass its .sync_engine's URL instead"
@@ -126,6 +125,14 @@ class HistoryCompressor:
             silence=timedelta(minutes=s.silence_minutes),
             size_limit=topic_size_limit(s.context_budget, s.tiers.current_topic, s.token_threshold),
             min_tokens=s.boundaries.min_topic_tokens,
+        )
+        self._plan = escalation_budget(
+            s.context_budget,
+            s.tiers.topic_summaries,
+            s.tiers.bulk_archives,
+            s.topic_summary_tokens,
+            s.bulk_summary_tokens,
+            s.bulk_merge_size,
         )
         self._shares = Shares(
             s.tiers.current_topic, s.tiers.topic_summaries, s.tiers.bulk_archives, s.redistribute_unused
@@ -228,6 +235,8 @@ class HistoryCompressor:
             verbatim=rows.verbatim,
             topics=[t for t in rows.topics if t.rendered],
             archives=[a for a in rows.archives if a.rendered],
+            dropped=[a for a in rows.dropped if a.rendered],
+            covered=rows.covered,
             newest_sequence=rows.state.last_sequence or None,
             uncovered_total=rows.state.last_sequence
             - rows.state.summarized_upto
@@ -252,6 +261,8 @@ class HistoryCompressor:
             verbatim=[msg(m) for m in rows.verbatim],
             topics=[summ(t) for t in rows.topics],
             archives=[summ(a) for a in rows.archives],
+            dropped=[summ(a) for a in rows.dropped],
+            covered=[msg(m) for m in rows.covered],
         )
 
     def default_max_tokens(self) -> int:
@@ -370,14 +381,12 @@ class HistoryCompressor:
                 if await self.store.save_topic_summary(owner, topic, write, now):
                     report.summarized += 1
                     report.provisional += write.status == "provisional"
-            avail = s.context_budget - REPLY_PRIMING_TOKENS
-            topic_share = int(avail * s.tiers.topic_summaries)
-            bulk_share = int(avail * s.tiers.bulk_archives)
+            plan = self._plan
+            # Read the active summaries once; each merge removes its group (a backlog stays linear).
+            active = await self.store.active_summaries(cid, "topic")
             while True:
-                active = await self.store.active_summaries(cid, "topic")
-                ids = escalation.next_merge(
-                    [escalation.Item(t.id, t.token_count) for t in active], topic_share, s.bulk_merge_size
-                )
+                items = [escalation.Item(t.id, t.token_count) for t in active]
+                ids = escalation.next_merge(items, plan.topic_share, s.bulk_merge_size)
                 if not ids:
                     break
                 group = [t for t in active if t.id in ids]
@@ -386,9 +395,10 @@ class HistoryCompressor:
                 if await self.store.save_archive(owner, cid, group, write, now) is None:
                     break
                 report.merged += 1
+                active = [t for t in active if t.id not in ids]
             archives = await self.store.active_summaries(cid, "bulk")
             drop = escalation.archives_to_drop(
-                [escalation.Item(a.id, a.token_count) for a in archives], bulk_share
+                [escalation.Item(a.id, a.token_count) for a in archives], plan.bulk_share
             )
             if drop:
                 report.dropped += await self.store.drop_archives(owner, cid, drop, now)
@@ -466,7 +476,7 @@ class HistoryCompressor:
             return self._write("topic", "", "final", *args)
         source = sum(m.full_token_count for m in msgs)
         # Inflation guard: the rendered summary must cost less than the messages it replaces.
-        cap = min(s.topic_summary_tokens, source - self._header_tokens("topic", args) - 3)
+        cap = min(self._plan.topic_target, source - self._header_tokens("topic", args) - 3)
         transcript = "\n".join(f"{_speaker(m)}: {m.content}" for m in msgs)
         if cap < _MIN_SUMMARY_TOKENS or self.counter.count(transcript) <= cap:
             # Small topics fit whole: keep them word for word, with no summariser call. (Only a
@@ -511,7 +521,6 @@ class HistoryCompressor:
         )
 
     async def _merge(self, topics: Sequence[Summary]) -> SummaryWrite:
-        s = self.settings
         pieces = [
             SummaryPiece(t.content, t.first_sequence, t.last_sequence, t.started_at, t.ended_at)
             for t in topics
@@ -523,7 +532,7 @@ class HistoryCompressor:
             max(t.ended_at for t in topics),
         )
         source = sum(self.counter.count(t.content) for t in topics)
-        target = max(min(s.bulk_summary_tokens, source - 1), 1)
+        target = max(min(self._plan.bulk_target, source - 1), 1)
         error: str | None = None
         if not isinstance(self.summarizer, ExtractiveSummarizer):
             try:

@@ -20,6 +20,8 @@ from .replay import MAINTAIN_EVERY, OURS, SYSTEMS, MeetingResult, run_meeting
 from .speed import BUDGET, SpeedResults, run_sync
 
 SECTION = "peers"
+#: Meetings replayed by default: keeps the whole run near 10 minutes on 2 busy cores.
+DEFAULT_LIMIT = 20
 
 
 def _version(dist: str) -> str:
@@ -43,8 +45,7 @@ def versions() -> str:
 
 def command(args: argparse.Namespace) -> str:
     parts = ["python -m bench.retention", f"--split {args.split}"]
-    if args.limit is not None:
-        parts.append(f"--limit {args.limit}")
+    parts.append(f"--limit {args.limit}")
     parts += [f"--budgets {args.budgets}", f"--speed-sizes {args.speed_sizes}"]
     if args.no_speed:
         parts.append("--no-speed")
@@ -180,21 +181,26 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Retention, speed and cost of tiered_history against peers.")
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--limit", type=int, default=None, help="meetings, spread over the split (default: all)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"meetings, spread evenly over the split (default {DEFAULT_LIMIT}; 0 = all)",
+    )
     p.add_argument("--budgets", default="1000,2000,4000,8000")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks-peers.md"))
     p.add_argument("--plot", type=Path, default=Path("docs/retention.png"))
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--speed-sizes", default="1000,10000,100000")
     p.add_argument("--speed-calls", type=int, default=30)
-    p.add_argument("--speed-seconds", type=float, default=15.0, help="time box per (system, size) cell")
+    p.add_argument("--speed-seconds", type=float, default=12.0, help="time box per (system, size) cell")
     p.add_argument("--throughput", type=int, default=1000, help="messages for the add_message throughput")
     p.add_argument("--no-speed", action="store_true")
     args = p.parse_args(argv)
     started = time.perf_counter()
     start_machine = machine()
     budgets = tuple(int(b) for b in args.budgets.split(","))
-    paths = meeting_paths(args.data, args.split, args.limit)
+    paths = meeting_paths(args.data, args.split, args.limit or None)
     log(f"retention: {len(paths)} meetings x budgets {budgets} on {args.jobs} processes")
     results: list[MeetingResult] = []
     jobs = [(path, budgets) for path in paths]

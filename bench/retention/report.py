@@ -117,7 +117,7 @@ def tier_table(results: Sequence[MeetingResult], budgets: Sequence[int]) -> list
         table(
             [
                 "budget",
-                *[f"evidence in {t}" for t in TIERS],
+                *[f"evidence: {t}" for t in TIERS],
                 "words of summarised evidence found in the summary text itself",
             ],
             rows,

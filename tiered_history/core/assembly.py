@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from ..errors import BudgetTooSmallError
 from ..models import CompressedContext, StoredMessage, Summary
@@ -51,6 +52,18 @@ def group_units(messages_oldest_first: Sequence[StoredMessage]) -> list[list[Sto
         pending = {str(c.get("id")) for c in m.tool_calls} if m.tool_calls else set()
         complete.append(not pending)
     return [u for i, u in enumerate(units) if complete[i] or i == len(units) - 1]
+
+
+# A plain message that ends a list, so group_units treats every unit before it as closed.
+_SENTINEL = StoredMessage(
+    conversation_id="",
+    sequence=-1,
+    role="user",
+    content="",
+    timestamp=datetime(1970, 1, 1, tzinfo=UTC),
+    token_count=0,
+    full_token_count=0,
+)
 
 
 def _cost(unit: Sequence[StoredMessage]) -> int:
@@ -94,13 +107,18 @@ def assemble(
     archives: Sequence[Summary],
     newest_sequence: int | None,
     uncovered_total: int = 0,
+    dropped: Sequence[Summary] = (),
+    covered: Sequence[StoredMessage] = (),
 ) -> CompressedContext:
     """Build the context from candidate rows.
 
     ``verbatim`` (oldest first, pinned excluded) are messages not yet covered by a
     summary, plus the newest message; ``topics`` and ``archives`` are active
-    summaries, oldest first. ``uncovered_total`` counts every uncovered message,
-    for reporting how many were omitted.
+    summaries, oldest first. ``dropped`` archives (oldest first) only fill room
+    that every other tier left unused, newest first. ``covered`` (oldest first,
+    unpinned) are already-summarised messages: when room is left, the newest topic
+    summaries are swapped back for their own messages, newest topic first.
+    ``uncovered_total`` counts every uncovered message, for reporting how many were omitted.
     """
     check_max_tokens(max_tokens)
     used = REPLY_PRIMING_TOKENS
@@ -139,6 +157,7 @@ def assemble(
             i -= 1
         return i, spent
 
+    revived: list[Summary] = []
     unit_costs = [_cost(u) for u in units]
     topic_costs = [s.token_count for s in topics]
     bulk_costs = [s.token_count for s in archives]
@@ -164,18 +183,51 @@ def assemble(
         remaining -= spent
         b_used += spent
         b_next = b_next2
+        if b_next < 0:  # every active archive is in: older, dropped ones may use what is left
+            d_next, spent = take([d.token_count for d in dropped], len(dropped) - 1, remaining)
+            remaining -= spent
+            b_used += spent
+            revived = list(dropped[d_next + 1 :])
 
     current: list[StoredMessage] = [m for u in units[u_next + 1 : idx + 1] for m in u]
     for unit in chosen_units:
         current.extend(unit)
     chosen_topics = list(topics[t_next + 1 :])
-    chosen_archives = list(archives[b_next + 1 :])
+    chosen_archives = revived + list(archives[b_next + 1 :])
+
+    recent: list[StoredMessage] = []
+    r_used = 0
+    if shares.redistribute and u_next < 0 and covered:
+        shown = {m.sequence for m in current}
+        keep = len(chosen_topics)
+        # Swap summaries for their messages, newest topic first, while the messages fit.
+        while keep > 0:
+            topic = chosen_topics[keep - 1]
+            if covered[0].sequence > topic.first_sequence:
+                break  # the read window does not reach back to this topic's start
+            msgs = [
+                m
+                for m in covered
+                if topic.first_sequence <= m.sequence <= topic.last_sequence and m.sequence not in shown
+            ]
+            # The sentinel closes the list, so a call that never got its results is left out too.
+            topic_units = group_units([*msgs, _SENTINEL])[:-1]
+            cost = sum(_cost(u) for u in topic_units)
+            if cost - topic.token_count > remaining:
+                break
+            remaining -= cost - topic.token_count
+            t_used -= topic.token_count
+            r_used += cost
+            recent = [m for u in topic_units for m in u] + recent
+            keep -= 1
+        chosen_topics = chosen_topics[:keep]
 
     total = max_tokens - remaining
     represented = (
         REPLY_PRIMING_TOKENS
         + sum(m.full_token_count for m in pinned)
         + sum(m.full_token_count for m in current)
+        + sum(m.full_token_count for m in recent)
         + sum(s.source_tokens for s in chosen_topics)
         + sum(s.source_tokens for s in chosen_archives)
     )
@@ -185,6 +237,7 @@ def assemble(
         pinned=list(pinned),
         bulk_archives=chosen_archives,
         historical_topics=chosen_topics,
+        recent_topics=recent,
         current_topic=current,
         total_tokens=total,
         compression_ratio=round(represented / total, 4) if total else 1.0,
@@ -193,6 +246,7 @@ def assemble(
             "pinned": pinned_cost,
             "bulk": b_used,
             "topic": t_used,
+            "recent": r_used,
             "current": cur_used,
         },
         allocation=alloc.as_dict(),

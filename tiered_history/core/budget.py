@@ -40,3 +40,39 @@ def allocate(available: int, current: float, topics: float, bulk: float) -> Allo
 def topic_size_limit(context_budget: int, current_share: float, threshold: float) -> int:
     """Tokens at which an open topic is sealed: ``threshold`` of the current topic's allocation."""
     return int((context_budget - REPLY_PRIMING_TOKENS) * current_share * threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class EscalationBudget:
+    """Shares and summary sizes that ``maintain()`` plans against (from ``context_budget``)."""
+
+    topic_share: int
+    bulk_share: int
+    topic_target: int
+    bulk_target: int
+
+
+def escalation_budget(
+    context_budget: int,
+    topic_share: float,
+    bulk_share: float,
+    topic_summary_tokens: int,
+    bulk_summary_tokens: int,
+    merge_size: int,
+) -> EscalationBudget:
+    """Summary targets shrink with small budgets so the tiers still work there.
+
+    ``merge_size`` topic summaries must fit the topic share before they merge, and at
+    least two archives must fit the archive share before the oldest is dropped;
+    otherwise a 1,000-token budget would drop every archive as soon as it is written.
+    """
+    avail = max(context_budget - REPLY_PRIMING_TOKENS, 0)
+    topics = int(avail * topic_share)
+    bulk = int(avail * bulk_share)
+    floor = 24  # below this a summary carries too little to be worth its delimiters
+    return EscalationBudget(
+        topic_share=topics,
+        bulk_share=bulk,
+        topic_target=max(min(topic_summary_tokens, topics // merge_size), floor),
+        bulk_target=max(min(bulk_summary_tokens, bulk // 2), floor),
+    )

@@ -63,6 +63,11 @@ class ContextRows:
     """Uncovered, unpinned messages oldest first (a newest-first window), plus the newest message."""
     topics: list[Summary]
     archives: list[Summary]
+    dropped: list[Summary] = field(default_factory=list)
+    """Archives dropped from the budgeted tiers, oldest first: used only to fill room left over."""
+    covered: list[StoredMessage] = field(default_factory=list)
+    """Unpinned messages already summarised, oldest first (a newest-first window up to the cap):
+    the newest summaries are swapped for them when the budget has room."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,22 @@ class SummaryWrite:
     next_attempt_at: datetime | None = None
     last_error: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
+
+
+def newest_window(messages_oldest_first: list[StoredMessage], token_cap: int) -> list[StoredMessage]:
+    """The newest messages up to ``token_cap`` tokens, extended to complete a tool unit.
+
+    Every backend cuts its read with this, so all of them hand assembly the same rows.
+    """
+    out: list[StoredMessage] = []
+    tokens = 0
+    for m in reversed(messages_oldest_first):
+        if tokens >= token_cap and (not out or out[-1].role != "tool"):
+            break
+        out.append(m)
+        tokens += m.token_count
+    out.reverse()
+    return out
 
 
 def newest_unit(messages_oldest_first: list[StoredMessage]) -> list[StoredMessage]:

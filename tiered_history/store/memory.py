@@ -22,6 +22,7 @@ from .base import (
     PreparedMessage,
     SummaryWrite,
     newest_unit,
+    newest_window,
 )
 
 
@@ -206,22 +207,24 @@ class MemoryStore:
             conv = self._get(conversation_id)
             st = conv.state
             pinned = [x for x in conv.messages if x.pinned]
-            verbatim: list[StoredMessage] = []
-            tokens = 0
-            # Same window as the SQL store: newest first until the cap, completing tool units.
-            for x in reversed(conv.messages[st.summarized_upto :]):
-                if x.pinned:
-                    continue
-                if tokens >= token_cap and (not verbatim or verbatim[-1].role != "tool"):
-                    break
-                verbatim.append(x)
-                tokens += x.token_count
-            verbatim.reverse()
-            if not verbatim and conv.messages:
-                verbatim = newest_unit(conv.messages[-64:])
+            window = newest_window([x for x in conv.messages if not x.pinned], token_cap)
+            verbatim = [m for m in window if m.sequence > st.summarized_upto]
+            covered = [m for m in window if m.sequence <= st.summarized_upto]
+            if not verbatim:
+                verbatim = newest_unit(covered)
+                covered = covered[: len(covered) - len(verbatim)]
             topics = [t for t in conv.topics if t.merged_into is None and t.status != "pending"]
             archives = [a for a in conv.archives if a.dropped_at is None]
-            return ContextRows(st, pinned, verbatim, _newest(topics, token_cap), _newest(archives, token_cap))
+            dropped = [a for a in conv.archives if a.dropped_at is not None]
+            return ContextRows(
+                st,
+                pinned,
+                verbatim,
+                _newest(topics, token_cap),
+                _newest(archives, token_cap),
+                _newest(dropped, token_cap),
+                covered,
+            )
 
     async def history(self, conversation_id: str) -> History:
         async with self._lock:

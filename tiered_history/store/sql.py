@@ -26,6 +26,7 @@ from .base import (
     PreparedMessage,
     SummaryWrite,
     newest_unit,
+    newest_window,
 )
 from .dialect import Capabilities, capabilities, create_engine, prepare_engine, translate
 from .rows import MESSAGE_COLUMNS, to_message, to_state, to_summary
@@ -373,22 +374,22 @@ class SQLStore:
                         )
                     ).all()
                 ]
-            verbatim_rows = self._page_newest(
+            # One newest-first window over unpinned messages: uncovered ones are the current
+            # topic; summarised ones may replace their summaries when the budget has room.
+            read = self._page_newest(
                 conn,
-                sa.select(*MESSAGE_COLUMNS).where(
-                    is_msg, H.c.sequence > state.summarized_upto, H.c.pinned == sa.false()
-                ),
+                sa.select(*MESSAGE_COLUMNS).where(is_msg, H.c.pinned == sa.false()),
                 H.c.sequence,
                 token_cap,
                 tool_units=True,
             )
-            verbatim = [to_message(r) for r in verbatim_rows]
-            if not verbatim and state.last_sequence > 0:
+            window = newest_window([to_message(r) for r in read], token_cap)
+            verbatim = [m for m in window if m.sequence > state.summarized_upto]
+            covered = [m for m in window if m.sequence <= state.summarized_upto]
+            if not verbatim:
                 # Everything is summarised: still send the newest message, with its tool call if any.
-                tail = self._page_newest(
-                    conn, sa.select(*MESSAGE_COLUMNS).where(is_msg), H.c.sequence, 1, tool_units=True
-                )
-                verbatim = newest_unit([to_message(r) for r in tail])
+                verbatim = newest_unit(covered)
+                covered = covered[: len(covered) - len(verbatim)]
             topic_rows = self._page_newest(
                 conn,
                 sa.select(H).where(
@@ -414,12 +415,27 @@ class SQLStore:
                 token_cap,
                 tool_units=False,
             )
+            dropped_rows = []
+            if row.archives_dropped_upto:
+                dropped_rows = self._page_newest(
+                    conn,
+                    sa.select(H).where(
+                        H.c.conversation_id == conversation_id,
+                        H.c.tier == "bulk",
+                        H.c.sequence <= row.archives_dropped_upto,
+                    ),
+                    H.c.sequence,
+                    token_cap,
+                    tool_units=False,
+                )
             return ContextRows(
                 state=state,
                 pinned=pinned,
                 verbatim=verbatim,
                 topics=[to_summary(r) for r in topic_rows],
                 archives=[to_summary(r) for r in archive_rows],
+                dropped=[to_summary(r) for r in dropped_rows],
+                covered=covered,
             )
 
         return await self._tx("reading the context", run, write=False)

@@ -58,7 +58,8 @@ _STOP_WORDS = (
     "what when where which who how why its it's i'm i've i'll let's there their them they then than "
     "from into onto about just also some any all our ours out use using used very more most much "
     "been being does did doing done yes one two get got make made like want need should here now "
-    "may might must let lets sure okay thanks please well still only even each other over under"
+    "may might must let lets sure okay thanks please well still only even each other over under "
+    "http https www com org net"
 )
 _CUE_WORDS = (
     "decided decide decision we'll agreed agree must always never please don't todo deadline because should "
@@ -139,8 +140,8 @@ def _lower_words(text: str) -> list[str]:
 
 
 def _content_words(words: Iterable[str]) -> list[str]:
-    """The lower-cased words that carry the topic (no stop words, no bare numbers)."""
-    return [w for w in words if len(w) > 2 and w not in _STOPWORDS and not w.isdigit()]
+    """The lower-cased words that carry the topic (no stop words, filler or bare numbers)."""
+    return [w for w in words if len(w) > 2 and w not in _STOPWORDS and w not in _FILLER and not w.isdigit()]
 
 
 def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
@@ -191,7 +192,8 @@ def _score(text: str, words: list[str], content: frozenset[str], role: str, freq
     """How much a sentence is worth keeping: facts, decisions and recurring topic words."""
     info = _info(text, set(words))
     recurring = sum(min(freq[w], 6) - 1 for w in content if freq[w] > 1)
-    info += 0.6 * min(recurring / math.sqrt(len(content) + 1), 3.0)
+    # Light salience: recurring topic words count, but less than one hard fact.
+    info += 0.5 * min(recurring / math.sqrt(len(content) + 1), 2.0)
     filler_share = len([w for w in words if w in _FILLER]) / max(len(words), 1)
     if len(words) < 3 and info == 0:
         info -= 0.5
