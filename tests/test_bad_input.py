@@ -567,11 +567,6 @@ SURROGATES_IN_JSON: list[tuple[str, Any]] = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: models.Message checks metadata/tool_calls with json.dumps() (ASCII-escaped), so lone "
-    "surrogates pass; the SQL stores then fail with a raw UnicodeEncodeError and the memory store keeps them",
-)
 @pytest.mark.parametrize(
     "message", [c[1] for c in SURROGATES_IN_JSON], ids=[c[0] for c in SURROGATES_IN_JSON]
 )
@@ -580,11 +575,6 @@ async def test_lone_surrogate_inside_json_fields_is_rejected(hc: HistoryCompress
     await assert_rejected(hc, cid, lambda: hc.add_message(cid, message), InvalidMessageError, "surrogate")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Message does not check tool_call_id text: NUL is accepted by memory/SQLite but fails "
-    "on PostgreSQL with StoreError at insert time (not InvalidMessageError before storing)",
-)
 async def test_nul_in_tool_call_id_is_rejected_before_storing(hc: HistoryCompressor) -> None:
     cid = await existing(hc)
     await hc.add_message(cid, {"role": "assistant", "content": "", "tool_calls": [call("c\x00")]})
@@ -592,11 +582,6 @@ async def test_nul_in_tool_call_id_is_rejected_before_storing(hc: HistoryCompres
     await assert_rejected(hc, cid, lambda: hc.add_message(cid, result), InvalidMessageError, "NUL")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: tool call ids have no length limit, but tool_call_id is varchar(255): a 256+ character id "
-    "is accepted by memory/SQLite and fails on PostgreSQL with StoreError at insert time",
-)
 async def test_overlong_tool_call_id_gets_the_same_outcome_on_every_backend(hc: HistoryCompressor) -> None:
     cid = await existing(hc)
     long_id = "c" * 300
@@ -608,22 +593,12 @@ async def test_overlong_tool_call_id_gets_the_same_outcome_on_every_backend(hc: 
     await assert_rejected(hc, cid, lambda: hc.add_message(cid, result), InvalidMessageError, "tool_call_id")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: HistoryCompressor.search() checks only that text is non-empty: NUL gives StoreError on "
-    "PostgreSQL and [] elsewhere, a lone surrogate a raw UnicodeEncodeError on SQL, an int an AttributeError",
-)
 @pytest.mark.parametrize("text", ["a\x00b", "a\ud800b", 5], ids=["nul", "surrogate", "int"])
 async def test_bad_search_text_is_rejected_with_a_library_error(hc: HistoryCompressor, text: Any) -> None:
     cid = await existing(hc)
     await assert_rejected(hc, cid, lambda: hc.search(cid, text), InvalidMessageError, "search text")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: add_message() checks platform for length only: NUL is accepted by memory/SQLite but a "
-    "StoreError on PostgreSQL; a lone surrogate is a raw UnicodeEncodeError on the SQL stores",
-)
 @pytest.mark.parametrize("platform", ["tele\x00gram", "tele\ud800gram"], ids=["nul", "surrogate"])
 async def test_platform_with_invalid_text_is_rejected(hc: HistoryCompressor, platform: str) -> None:
     cid = new_cid()

@@ -33,7 +33,7 @@ import pytest
 from tiered_history import HistoryCompressor, Settings
 from tiered_history.scheduler import run_worker
 
-from .test_crash import check_invariants, maintain_until_quiet
+from .test_crash import check_context, check_invariants, maintain_until_quiet
 
 pytestmark = pytest.mark.slow
 
@@ -196,8 +196,10 @@ async def _run(url: str, tmp_path: Path, *, writers: int, per_writer: int, worke
         assert merged == counts["archives"]
         assert counts["topics"] >= writers * per_writer // 12, "too few topics: sealing was not exercised"
         assert counts["archives"] > 0, "no merges: escalation was not exercised"
-        ctx = await hc.get_context(CID, 600)
-        assert ctx.total_tokens <= 600 and ctx.current_topic[-1].sequence == writers * per_writer
+        for budget in (600, 5000, 50_000):
+            ctx = await hc.get_context(CID, budget)
+            check_context(ctx, budget)
+            assert ctx.current_topic[-1].sequence == writers * per_writer
 
 
 @pytest.mark.postgres

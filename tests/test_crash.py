@@ -101,6 +101,21 @@ async def check_invariants(
     return {"messages": n, "topics": len(topics), "archives": len(archives)}
 
 
+def check_context(ctx: Any, budget: int) -> None:
+    """Within budget, and nothing represented twice: every message sequence is covered at most once
+    by a shown archive, topic summary or message."""
+    assert ctx.total_tokens <= budget, (budget, ctx.total_tokens)
+    covered: list[int] = []
+    for s in [*ctx.bulk_archives, *ctx.historical_topics]:
+        covered.extend(range(s.first_sequence, s.last_sequence + 1))
+    shown = [m.sequence for m in [*getattr(ctx, "recent_topics", []), *ctx.current_topic]]
+    assert shown == sorted(shown), "messages out of order"
+    pinned = {m.sequence for m in ctx.pinned}
+    everything = [*covered, *shown]
+    dupes = [q for q, n in Counter(everything).items() if n > 1 and q not in pinned]
+    assert not dupes, f"sequences represented twice in one context: {dupes[:10]}"
+
+
 async def maintain_until_quiet(hc: HistoryCompressor, limit: int = 30) -> list[MaintenanceReport]:
     reports = []
     for _ in range(limit):
@@ -278,8 +293,8 @@ async def test_worker_killed_mid_summary_or_merge(sql_url: str, tmp_path: Path, 
         totals = Counter[str]()
         for cid in cids:
             totals.update(await check_invariants(hc, cid, sent[cid]))
-            for budget in (100, 400, 800):
-                assert (await hc.get_context(cid, budget)).total_tokens <= budget
+            for budget in (100, 400, 800, 3000):
+                check_context(await hc.get_context(cid, budget), budget)
         assert totals["topics"] >= 10
         assert totals["archives"] >= 2, "no merges: the test did not exercise escalation"
 
@@ -318,7 +333,8 @@ async def test_appender_killed_at_a_random_point(sql_url: str, tmp_path: Path) -
         for cid in cids:
             expected = [message_text(cid, i) for i in range(len((await hc.get_history(cid)).messages))]
             await check_invariants(hc, cid, expected)
-            assert (await hc.get_context(cid, 500)).total_tokens <= 500
+            for budget in (500, 5000):
+                check_context(await hc.get_context(cid, budget), budget)
 
 
 @pytest.mark.timeout(180)
@@ -350,4 +366,6 @@ async def test_worker_killed_at_random_points_during_maintenance(sql_url: str, t
         totals = Counter[str]()
         for cid in cids:
             totals.update(await check_invariants(hc, cid, sent[cid]))
+            for budget in (150, 600, 3000):
+                check_context(await hc.get_context(cid, budget), budget)
         assert totals["archives"] >= 3

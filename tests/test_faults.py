@@ -379,9 +379,14 @@ async def test_summarizer_that_recovers_replaces_the_provisional_text(fault_url:
         for k in range(1, 4):
             await maintain_timed(hc, now + timedelta(days=k), 10)
         assert dict(summ.calls) == {1: 2, 5: 2}, "a final summary was retried"
-        ctx = await hc.get_context("recovers", 600)
-        assert ctx.total_tokens <= 600
-        assert [t.content for t in ctx.historical_topics] == [t.content for t in h.topics]
+        # Wherever a context shows a topic summary, it is the replacement, never the extractive text.
+        shown = []
+        for budget in (120, 160, 200, 300, 400, 600):
+            ctx = await hc.get_context("recovers", budget)
+            assert ctx.total_tokens <= budget
+            shown.extend(t.content for t in ctx.historical_topics)
+        assert shown, "no budget showed a topic summary"
+        assert all(text.startswith("Good summary") for text in shown), shown
         await check_intact(hc, "recovers", sent)
 
 
@@ -432,11 +437,6 @@ async def test_non_coroutine_summarizer_falls_back() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: service._summarize_topic catches Exception only; a summariser raising CancelledError "
-    "(BaseException) escapes maintain() with the lease still held and the topic stuck pending",
-)
 async def test_summarizer_raising_cancelled_error_does_not_escape_maintain() -> None:
     summ = CancellingSummarizer()
     async with compressor("memory://", summ) as hc:

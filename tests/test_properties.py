@@ -242,94 +242,133 @@ def check_history(history: History, added: list[StoredMessage]) -> None:
         assert (a.first_sequence, a.last_sequence) == (members[0].first_sequence, members[-1].last_sequence)
 
 
+def complete_units(messages: list[StoredMessage]) -> list[StoredMessage]:
+    """The messages of complete units, oldest first: calls with all their results, plain messages.
+
+    Tool results without their call and calls still missing results are left out.
+    """
+    out: list[StoredMessage] = []
+    unit: list[StoredMessage] = []
+    pending: set[str] = set()
+    for m in [*messages, None]:
+        if m is not None and m.role == "tool":
+            if unit and str(m.tool_call_id) in pending:
+                unit.append(m)
+                pending.discard(str(m.tool_call_id))
+            continue
+        if unit and not pending:
+            out.extend(unit)
+        if m is not None:
+            unit = [m]
+            pending = {str(c["id"]) for c in m.tool_calls} if m.tool_calls else set()
+    return out
+
+
 def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> None:
     msgs = ctx.to_messages()
     assert ctx.total_tokens <= max_tokens
     assert ctx.total_tokens == count_request(msgs)
     assert sum(ctx.tier_tokens.values()) == ctx.total_tokens
     assert ctx.max_tokens == max_tokens
+    stored_by_seq = {m.sequence: m for m in history.messages}
+    newest = history.messages[-1]
+    covered_upto = summarized_upto(history)
+    uncovered = [m for m in history.messages if m.sequence > covered_upto and not m.pinned]
+    current, recent = ctx.current_topic, ctx.recent_topics
+    seqs = [m.sequence for m in current]
+    r_seqs = [m.sequence for m in recent]
 
     # Pinned: every pinned message, first, verbatim, in order.
     pinned = [m for m in history.messages if m.pinned]
     assert [m.sequence for m in ctx.pinned] == [m.sequence for m in pinned]
     assert msgs[: len(pinned)] == [m.to_openai() for m in pinned]
 
-    # Summaries: user role, labelled as data, contiguous newest runs of the active ones, in order.
+    # Topics: the newest run of active summaries, the newest of them possibly swapped back for
+    # their own messages (recent_topics, complete units only, none repeated from the current topic).
     active_topics = [
         t for t in history.topics if t.merged_into is None and t.status != "pending" and t.rendered
     ]
-    active_archives = [a for a in history.archives if a.dropped_at is None and a.rendered]
-    k_t, k_a = len(ctx.historical_topics), len(ctx.bulk_archives)
-    assert [t.id for t in ctx.historical_topics] == [t.id for t in active_topics[len(active_topics) - k_t :]]
-    # Archives: a newest run over all of them; dropped ones (always the oldest) only fill room
+    swapped = [t for t in active_topics if any(t.first_sequence <= q <= t.last_sequence for q in r_seqs)]
+    k_t, k_s = len(ctx.historical_topics), len(swapped)
+    run = [t.id for t in active_topics[len(active_topics) - k_t - k_s :]]
+    assert [t.id for t in ctx.historical_topics] + [t.id for t in swapped] == run
+    for t in swapped:
+        in_range = [
+            m
+            for m in history.messages
+            if t.first_sequence <= m.sequence <= t.last_sequence and not m.pinned and m.sequence not in seqs
+        ]
+        mine = [q for q in r_seqs if t.first_sequence <= q <= t.last_sequence]
+        assert mine == [m.sequence for m in complete_units(in_range)]
+    assert sum(1 for q in r_seqs if any(t.first_sequence <= q <= t.last_sequence for t in swapped)) == len(
+        recent
+    )
+    if recent:  # swapping back only uses room the current topic could not use
+        assert {m.sequence for m in complete_units(uncovered)} <= set(seqs)
+
+    # Archives: the newest run over all of them; dropped ones (always the oldest) only fill room
     # that every other tier left unused.
+    active_archives = [a for a in history.archives if a.dropped_at is None and a.rendered]
     all_archives = [a for a in history.archives if a.rendered]
+    k_a = len(ctx.bulk_archives)
     assert [a.id for a in ctx.bulk_archives] == [a.id for a in all_archives[len(all_archives) - k_a :]]
     revived = [a for a in ctx.bulk_archives if a.dropped_at is not None]
     if revived:
         assert {a.id for a in active_archives} <= {a.id for a in ctx.bulk_archives}
-        # The room they use could not take the next older topic summary or current-topic unit.
-        room = max_tokens - ctx.total_tokens + sum(a.token_count for a in revived)
-        if k_t < len(active_topics):
-            assert active_topics[len(active_topics) - k_t - 1].token_count > room
-        covered = summarized_upto(history)
-        uncovered = [m for m in history.messages if m.sequence > covered and not m.pinned]
-        shown = {m.sequence for m in ctx.current_topic}
-        older = [m for m in uncovered if m.sequence < min(shown, default=10**9)]
+        # The room they use (before any swap back) could not take an older topic or current unit.
+        before_swap = (
+            ctx.total_tokens - ctx.tier_tokens.get("recent", 0) + sum(t.token_count for t in swapped)
+        )
+        room = max_tokens - before_swap + sum(a.token_count for a in revived)
+        if k_t + k_s < len(active_topics):
+            assert active_topics[len(active_topics) - k_t - k_s - 1].token_count > room
+        older = [m for m in uncovered if m.sequence < min(seqs, default=10**9)]
         if older:
-            start = len(older) - 1
-            while start > 0 and older[start].role == "tool":
-                start -= 1
-            assert sum(m.token_count for m in older[start:]) > room
+            assert sum(m.token_count for m in last_unit(older)) > room
+
+    # Summaries are user messages marked as data, oldest first, before every message.
     summaries: list[Summary] = ctx.bulk_archives + ctx.historical_topics
-    for s in summaries:
-        shown = s.to_openai()
-        assert shown["role"] == "user"
-        assert "not instructions" in shown["content"]
+    for summary in summaries:
+        sent = summary.to_openai()
+        assert sent["role"] == "user"
+        assert "not instructions" in sent["content"]
     for prev, nxt in itertools.pairwise(summaries):
         assert prev.last_sequence < nxt.first_sequence
     system_dicts = [m for m in msgs if m["role"] == "system"]
     assert system_dicts == [m.to_openai() for m in pinned if m.role == "system"]
     start = len(pinned)
-    assert msgs[start : start + len(summaries)] == [s.to_openai() for s in summaries]
-
-    # Current topic: oldest first, after every summary (bar the newest message), newest units only.
-    current = ctx.current_topic
-    seqs = [m.sequence for m in current]
-    assert seqs == sorted(set(seqs))
-    assert msgs[start + len(summaries) :] == [m.to_openai() for m in current]
-    newest = history.messages[-1]
-    covered_upto = summarized_upto(history)
-    uncovered = [m for m in history.messages if m.sequence > covered_upto and not m.pinned]
+    assert msgs[start : start + len(summaries)] == [x.to_openai() for x in summaries]
+    assert msgs[start + len(summaries) :] == [m.to_openai() for m in recent + current]
+    both = r_seqs + seqs
+    assert both == sorted(set(both))
     if summaries:
-        top = max(s.last_sequence for s in summaries)
-        later = [m for m in current if m.sequence <= top]
+        top = max(x.last_sequence for x in summaries)
+        assert all(q > top for q in r_seqs)
+        later = [q for q in seqs if q <= top]
         # Only the newest unpinned unit is repeated verbatim when everything up to it is summarised.
         unpinned = [m for m in history.messages if not m.pinned]
-        newest_seqs = [m.sequence for m in last_unit(unpinned)]
-        assert later == [] or [m.sequence for m in later] == seqs == newest_seqs
+        assert later == [] or later == seqs == [m.sequence for m in last_unit(unpinned)]
+
+    # Current topic: the newest units of what no summary covers.
     if uncovered:
         assert seqs == [m.sequence for m in uncovered][len(uncovered) - len(current) :]
     if current:
         assert current[0].role != "tool"
 
     # The newest message is always there (cut head + tail only if it alone is over budget).
-    if not newest.pinned:
-        assert current, "the newest message is missing"
-        shown = msgs[-1]
-        assert current[-1].sequence == newest.sequence
-        assert shown["role"] == newest.role
-        assert shown.get("tool_call_id") == newest.tool_call_id
     unit_seqs = {m.sequence for m in newest_unit(history)}
     if not newest.pinned:
+        assert current, "the newest message is missing"
+        assert current[-1].sequence == newest.sequence
+        assert msgs[-1]["role"] == newest.role
+        assert msgs[-1].get("tool_call_id") == newest.tool_call_id
         assert unit_seqs <= set(seqs), "the newest message's tool unit is incomplete"
-    stored_by_seq = {m.sequence: m for m in history.messages}
-    for m, shown in zip(current, msgs[len(msgs) - len(current) :], strict=True):
+    for m, sent in zip(recent + current, msgs[len(msgs) - len(both) :], strict=True):
         original = stored_by_seq[m.sequence].context_content
         if ctx.truncated_newest and m.sequence in unit_seqs:
-            assert shown["content"] == original or "[truncated" in shown["content"]
+            assert sent["content"] == original or "[truncated" in sent["content"]
         else:
-            assert shown["content"] == original
+            assert sent["content"] == original
 
     # Tool calls and results travel together, complete.
     results_of: dict[int, list[str]] = {}
@@ -337,24 +376,25 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
         if m.role == "tool":
             owner = max(x.sequence for x in history.messages if x.sequence < m.sequence and x.tool_calls)
             results_of.setdefault(owner, []).append(str(m.tool_call_id))
+    sent_messages = recent + current
     i = 0
-    while i < len(current):
-        m = current[i]
+    while i < len(sent_messages):
+        m = sent_messages[i]
         assert m.role != "tool", f"tool result {m.sequence} without its call"
         i += 1
         if m.tool_calls:
-            run = []
-            while i < len(current) and current[i].role == "tool":
-                run.append(str(current[i].tool_call_id))
+            results = []
+            while i < len(sent_messages) and sent_messages[i].role == "tool":
+                results.append(str(sent_messages[i].tool_call_id))
                 i += 1
-            assert run == results_of.get(m.sequence, []), (m.sequence, run)
+            assert results == results_of.get(m.sequence, []), (m.sequence, results)
             # Only the newest unit may still wait for results: any other must be complete (else a 400).
             # Known bug (test_context.py::test_a_call_abandoned_by_a_pinned_message_is_not_sent): a call
             # abandoned by pinned messages only is still sent, without results.
-            after = [x for x in history.messages if x.sequence > current[i - 1].sequence]
-            known_bug = i == len(current) and bool(after) and all(x.pinned for x in after)
+            after = [x for x in history.messages if x.sequence > sent_messages[i - 1].sequence]
+            known_bug = i == len(sent_messages) and bool(after) and all(x.pinned for x in after)
             if m.sequence != newest_unit(history)[0].sequence and not known_bug:
-                assert sorted(run) == sorted(str(c["id"]) for c in m.tool_calls), (m.sequence, run)
+                assert sorted(results) == sorted(str(c["id"]) for c in m.tool_calls), (m.sequence, results)
 
 
 def must_be_too_small(history: History, max_tokens: int) -> bool:

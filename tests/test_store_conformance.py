@@ -377,7 +377,8 @@ async def test_maintain_summarises_each_sealed_topic_exactly_once(db_url: str) -
             assert t.status == "final"
             assert t.attempts == 1
             assert label in t.content
-            assert t.rendered.startswith(f"[Summary of an earlier topic: messages {t.first_sequence}–")
+            header, _, _ = t.rendered.partition("\n")
+            assert "not instructions" in header and t.rendered.endswith(f"{t.content}\n</summary>")
             assert t.token_count == hc.counter.message_tokens({"role": "user", "content": t.rendered})
         stats = (await hc.stats(CID))[0]
         assert (stats.topics, stats.topics_pending, stats.compressions) == (3, 0, 3)
@@ -497,8 +498,10 @@ async def test_merges_create_archives_and_merged_topics_stay_in_history(db_url: 
             assert archive.source_tokens == sum(t.source_tokens for t in members)
             assert archive.started_at == min(t.started_at for t in members)
             assert archive.ended_at == max(t.ended_at for t in members)
-            span = f"messages {archive.first_sequence}–{archive.last_sequence},"
-            assert archive.rendered.startswith(f"[Archive of earlier conversation: {span}")
+            header, _, _ = archive.rendered.partition("\n")
+            assert "not instructions" in header and archive.rendered.endswith(
+                f"{archive.content}\n</archive>"
+            )
             expected_first = archive.last_sequence + 1
 
         active = [t for t in h.topics if t.merged_into is None]

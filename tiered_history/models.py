@@ -18,6 +18,8 @@ Tier = Literal["message", "topic", "bulk"]
 
 #: Longest conversation id accepted (it is a primary key on every backend).
 MAX_CONVERSATION_ID_LENGTH = 255
+#: Longest tool call id accepted (the column is VARCHAR(255)).
+MAX_TOOL_CALL_ID_LENGTH = 255
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
@@ -28,6 +30,20 @@ def _check_text(value: str, what: str) -> str:
     if _SURROGATE_RE.search(value):
         raise ValueError(f"{what} contains a lone UTF-16 surrogate, which is not valid Unicode text")
     return value
+
+
+def validate_text_argument(value: object, what: str, max_length: int | None = None) -> str:
+    """Check a free-text argument (search text, platform) before it reaches the database."""
+    if not isinstance(value, str):
+        raise InvalidMessageError(f"{what} must be a string, not {type(value).__name__}")
+    if not value.strip():
+        raise InvalidMessageError(f"{what} must not be empty")
+    if max_length is not None and len(value) > max_length:
+        raise InvalidMessageError(f"{what} must be at most {max_length} characters")
+    try:
+        return _check_text(value, what)
+    except ValueError as exc:
+        raise InvalidMessageError(str(exc)) from None
 
 
 def validate_conversation_id(conversation_id: object) -> str:
@@ -89,7 +105,7 @@ class Message(BaseModel):
     @classmethod
     def _json_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
         try:
-            _check_text(json.dumps(v), "metadata")
+            _check_text(json.dumps(v, ensure_ascii=False), "metadata")
         except (TypeError, ValueError) as exc:
             raise ValueError(f"metadata must be JSON-serialisable text: {exc}") from None
         return v
@@ -114,10 +130,15 @@ class Message(BaseModel):
                     raise ValueError("tool calls must be {'id', 'type': 'function', 'function': {...}}")
                 if not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments", ""), str):
                     raise ValueError("a tool call's function needs a string 'name' and string 'arguments'")
-                _check_text(json.dumps(call), "tool call")
+                _check_text(json.dumps(call, ensure_ascii=False), "tool call")
+                if len(cid) > MAX_TOOL_CALL_ID_LENGTH:
+                    raise ValueError(f"tool call ids must be at most {MAX_TOOL_CALL_ID_LENGTH} characters")
         if self.role == "tool":
             if not self.tool_call_id:
                 raise ValueError("tool messages need the tool_call_id of the call they answer")
+            _check_text(self.tool_call_id, "tool_call_id")
+            if len(self.tool_call_id) > MAX_TOOL_CALL_ID_LENGTH:
+                raise ValueError(f"tool_call_id must be at most {MAX_TOOL_CALL_ID_LENGTH} characters")
         elif self.tool_call_id is not None:
             raise ValueError("only tool messages may carry tool_call_id")
         if self.pinned and (self.role == "tool" or self.tool_calls):

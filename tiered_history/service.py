@@ -34,6 +34,7 @@ from .models import (
     StoredMessage,
     Summary,
     validate_conversation_id,
+    validate_text_argument,
 )
 from .settings import Settings
 from .store.base import ContextRows, LeaseLostError, PreparedMessage, Store, SummaryWrite
@@ -203,10 +204,8 @@ class HistoryCompressor:
     ) -> StoredMessage:
         """Store one message (with its exact token count). Seals the open topic on a boundary."""
         validate_conversation_id(conversation_id)
-        if platform is not None and (
-            not isinstance(platform, str) or not platform.strip() or len(platform) > 64
-        ):
-            raise InvalidMessageError("platform must be a non-empty string of at most 64 characters")
+        if platform is not None:
+            validate_text_argument(platform, "platform", 64)
         prepared = self.prepare(message)
         await self._ready()
         stored, sealed = await self.store.append(
@@ -292,8 +291,7 @@ class HistoryCompressor:
     async def search(self, conversation_id: str, text: str, limit: int = 20) -> list[StoredMessage]:
         """Stored messages containing ``text`` (case-insensitive), newest first."""
         validate_conversation_id(conversation_id)
-        if not text:
-            raise InvalidMessageError("search text must not be empty")
+        validate_text_argument(text, "search text", 10_000)
         await self._ready()
         await self._require(conversation_id)
         return await self.store.search(conversation_id, text, max(1, min(limit, 1000)))
@@ -403,6 +401,10 @@ class HistoryCompressor:
             if drop:
                 report.dropped += await self.store.drop_archives(owner, cid, drop, now)
             next_retry = await self.store.next_retry(cid, s.summary_max_attempts)
+        except asyncio.CancelledError:
+            # Give the conversation back now rather than when the lease expires.
+            await asyncio.shield(self.store.release(owner, cid, True, None))
+            raise
         except LeaseLostError:
             report.lease_lost += 1
             log.warning("lease on %s was taken over by another worker; stopping this pass", cid)
@@ -493,7 +495,8 @@ class HistoryCompressor:
                     if write.token_count < source:
                         return write
                     error = f"summary ({write.token_count} tokens) is not smaller than its source ({source})"
-            except Exception as exc:  # the LLM may fail in any way; we fall back, never lose data
+            except (Exception, asyncio.CancelledError) as exc:  # the LLM may fail in any way
+                _reraise_if_we_are_cancelled(exc)
                 error = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("summariser failed for %s topic %s: %s", topic.conversation_id, topic.sequence, error)
         if topic.status == "provisional":
@@ -542,7 +545,8 @@ class HistoryCompressor:
                     error = "archive is not smaller than the summaries it merges"
                 if error is None:
                     return self._write("bulk", result.text.strip(), "final", *args, result=result)
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
+                _reraise_if_we_are_cancelled(exc)
                 error = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("summariser merge failed for %s: %s", topics[0].conversation_id, error)
         fb = await self.fallback.merge(pieces, target)
@@ -565,6 +569,13 @@ class HistoryCompressor:
         if self._background is not None:
             await self._background.stop()
             self._background = None
+
+
+def _reraise_if_we_are_cancelled(exc: BaseException) -> None:
+    """A summariser's own CancelledError is a failure; cancellation of maintain() itself is not."""
+    task = asyncio.current_task()
+    if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+        raise exc
 
 
 class _Verbatim:

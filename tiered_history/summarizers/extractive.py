@@ -7,17 +7,22 @@ the result fits ``target_tokens`` and is strictly smaller than what it replaces.
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from ..tokens import TokenCounter
 from .base import SummaryInput, SummaryPiece, SummaryResult
 
+#: How strongly selection favours short sentences: value / cost ** LENGTH_EXPONENT.
+LENGTH_EXPONENT = 0.5
+#: Below this budget a summary has no ``Topic:`` keyword line: the sentences carry those words anyway.
+TOPIC_LINE_MIN_BUDGET = 300
 #: Longer sentences are cut to their head: one rambling sentence must not eat the budget.
 MAX_SENTENCE_TOKENS = 60
 ELLIPSIS = "…"
@@ -51,15 +56,38 @@ _BACKTICK_RE = re.compile(r"`[^`\n]+`")
 _FILLER_WORDS = (
     "ok okay k kk thanks thank you thx ty lol lmao haha hah hehe sure cool great nice yes yeah yep yup no "
     "problem np hi hello hey got it sounds good alright right hmm welcome awesome perfect fine oh ah wow "
-    "indeed of course will do bye cheers"
+    "indeed of course will do bye cheers um uh umm uhm uhh erm mm mmm mhm hm huh uhhuh mm-hmm so like well "
+    "i mean know anyway"
 )
 _STOP_WORDS = (
+    "a an i me my myself we us our ours ourselves you your yours yourself he him his himself she her hers "
+    "herself it itself they them their theirs themselves whom these those am is be do if or because as "
+    "until while of at by against between through during before after above below to up down in on off "
+    "again further once both few no nor own same so too s t d ll m o re ve y don ain aren couldn didn "
+    "doesn hadn hasn haven isn ma mightn mustn needn shan shouldn wasn weren won wouldn "
+    "disfmarker vocalsound nonvocalsound gap pause comment um uh umm uhm uhh erm mm mmm mhm hm huh uhhuh "
+    "oh ah yeah yep yes okay ok "
     "the and for that this with you your are was were have has had not but can could would will shall "
     "what when where which who how why its it's i'm i've i'll let's there their them they then than "
     "from into onto about just also some any all our ours out use using used very more most much "
     "been being does did doing done yes one two get got make made like want need should here now "
     "may might must let lets sure okay thanks please well still only even each other over under "
     "http https www com org net"
+)
+# Very common words: they count for little, since almost any sentence says them.
+_COMMON_WORDS = (
+    "think know going go goes went gone want get gets got getting like well really thing things kind sort "
+    "actually mean means good right lot lots way say says said see look looks something anything nothing "
+    "everything maybe probably pretty little bit quite stuff gonna wanna gotta let put take come came sure "
+    "also even still much many guess seems seem need time people idea different fine nice great yes just "
+    "okay alright basically definitely exactly absolutely certainly obviously totally course fact point "
+    "first second next last new old big small sorry thank thanks please hello hi anyway maybe perhaps "
+    "talk talking said tell told try trying work working yeah yep um uh i'd i'll i'm i've you're you've "
+    "we're we've that's there's it's what's don't doesn't didn't can't isn't wasn't won't wouldn't "
+    "shouldn't couldn't let's gonna one two three year years day days today make makes made making "
+    "able another back bit around whatever whether though although always never sometimes often "
+    "ever every else enough far long lot others part place same several since things thought "
+    "together use used using wait want wanted whole yet"
 )
 _CUE_WORDS = (
     "decided decide decision we'll agreed agree must always never please don't todo deadline because should "
@@ -73,6 +101,7 @@ _MONTH_WORDS = (
 )
 _FILLER = frozenset(_FILLER_WORDS.split())
 _STOPWORDS = frozenset(_STOP_WORDS.split())
+_COMMON = frozenset(_COMMON_WORDS.split()) - _STOPWORDS
 _CUES = frozenset(_CUE_WORDS.split())
 _CUE_PREFIXES = ("decid", "prefer")
 _CUE_PHRASES = ("we will", "do not", "need to", "needs to", "make sure", "let's")
@@ -82,10 +111,16 @@ _FILE_EXTENSIONS = frozenset(_EXTENSIONS.split())
 _FILE_RE = re.compile(r"\b[\w-]+\.(?:" + "|".join(sorted(_FILE_EXTENSIONS)) + r")\b")
 _PRONOUNS = frozenset({"I", "I'm", "I'll", "I've", "I'd", "I’m", "I’ll", "I’ve", "I’d"})
 _LINE_PREFIX_RE = re.compile(
-    r"^(?:[-*•]\s+|\d+[.)]\s+)?(?:(?:[\w-]{1,64} \((?:user|assistant|system|tool)\)|User|Assistant|System"
-    r"|Tool|Topic):\s+)?"
+    r"^(?:[-*•]\s+|\d+[.)]\s+)?(?:(?:[\w-]{1,64}(?: \((?:user|assistant|system|tool)\))?):\s+)?"
 )
 _HEADER_LINE_RE = re.compile(r"^\[\d{4}-\d{2}-\d{2}[^\]]*\]$")
+# Transcript markup ({disfmarker}, {vocalsound}...) and spoken disfluencies (with the comma that
+# follows them) carry nothing: they are removed from the sentences the summary keeps.
+_NOISE_RE = re.compile(
+    r"\{(?:disfmarker|vocalsound|nonvocalsound|gap|pause|comment)\}"
+    r"|(?<!\S)(?:um+|uh+|uhm|erm|mm+-?hmm|mhm|hmm+)(?:\s*,)?(?!\S)",
+    re.I,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,19 +134,34 @@ class _Unit:
     line_cost: int
     text: str
     tokens: int
-    score: float
     words: frozenset[str]
     filler: bool
+    weight: float
+    """The speaker's role weight: the user's own words count most."""
+    bonus: float
+    """Worth of the facts (links, dates, numbers, identifiers, names, decisions) in the sentence."""
+
+    def value(self, covered: Collection[str] = ()) -> float:
+        """Worth of keeping the sentence when the words in ``covered`` are kept already."""
+        fresh = sum(_weight(w) for w in self.words if w not in covered)
+        return self.weight * max(0.05, self.bonus + fresh)
+
+    @property
+    def score(self) -> float:
+        return self.value()
 
     @property
     def rank(self) -> float:
-        # Mild length normalisation: of two equally informative sentences, keep the shorter.
-        return self.score / math.pow(max(1.0, self.tokens / 20), 0.3)
+        return self.score / _length_norm(self.tokens + self.line_cost)
 
 
 #: (block, group, prefix, role, sentence): a sentence before scoring; ``block`` is the merge piece.
 _Raw = tuple[int, int, str, str, str]
 _Render = Callable[[list[_Unit]], str]
+
+
+def _length_norm(cost: int) -> float:
+    return math.pow(max(cost, 1), LENGTH_EXPONENT)
 
 
 def _budget(target_tokens: int, source_tokens: int) -> int:
@@ -132,6 +182,7 @@ def _split_sentences(text: str) -> list[str]:
 
 
 def _split_prose(text: str) -> list[str]:
+    text = _NOISE_RE.sub(" ", text)
     return [" ".join(s.split()) for line in text.splitlines() for s in _SENTENCE_END_RE.split(line)]
 
 
@@ -141,7 +192,12 @@ def _lower_words(text: str) -> list[str]:
 
 def _content_words(words: Iterable[str]) -> list[str]:
     """The lower-cased words that carry the topic (no stop words, filler or bare numbers)."""
-    return [w for w in words if len(w) > 2 and w not in _STOPWORDS and w not in _FILLER and not w.isdigit()]
+    return [w for w in words if len(w) > 1 and w not in _STOPWORDS and w not in _FILLER and not w.isdigit()]
+
+
+def _weight(word: str) -> float:
+    """What covering ``word`` is worth: rare words tell topics apart, very common ones hardly do."""
+    return 0.3 if word in _COMMON else 1.0
 
 
 def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
@@ -183,21 +239,9 @@ def _info(text: str, words: set[str]) -> float:
         + 1.5 * dated
         + 1.0 * has_digit
         + 1.5 * min(idents, 2)
-        + 1.5 * min(cues, 2)
-        + 0.75 * min(names, 2)
+        + 0.5 * min(cues, 2)
+        + 0.5 * min(names, 2)
     )
-
-
-def _score(text: str, words: list[str], content: frozenset[str], role: str, freq: Counter[str]) -> float:
-    """How much a sentence is worth keeping: facts, decisions and recurring topic words."""
-    info = _info(text, set(words))
-    recurring = sum(min(freq[w], 6) - 1 for w in content if freq[w] > 1)
-    # Light salience: recurring topic words count, but less than one hard fact.
-    info += 0.5 * min(recurring / math.sqrt(len(content) + 1), 2.0)
-    filler_share = len([w for w in words if w in _FILLER]) / max(len(words), 1)
-    if len(words) < 3 and info == 0:
-        info -= 0.5
-    return _ROLE_WEIGHT.get(role, 0.8) * max(0.05, 1.0 + info - filler_share)
 
 
 def _stamp(moment: datetime) -> datetime:
@@ -239,7 +283,7 @@ class ExtractiveSummarizer:
         for message in messages:
             sentences = _split_sentences(message.content)
             role = message.role or "unknown"
-            label = f"{message.name} ({role})" if message.name else role.capitalize()
+            label = message.name or role.capitalize()
             if sentences and label != last_label:
                 group, last_label = group + 1, label
             raw += [(0, group, f"{label}: ", message.role, s) for s in sentences]
@@ -266,8 +310,11 @@ class ExtractiveSummarizer:
         return self._clip(text, budget)
 
     def _topic_line(self, freq: Counter[str], sentences: list[str], budget: int) -> str:
-        keywords = [w for w, n in sorted(freq.items(), key=lambda kv: -kv[1]) if n > 1][:5]
-        if len(keywords) < 3 or budget < 60:
+        if budget < TOPIC_LINE_MIN_BUDGET:
+            return ""
+        ranked = sorted(freq.items(), key=lambda kv: (-kv[1] * _weight(kv[0]), kv[0]))
+        keywords = [w for w, n in ranked if n > 1 and w not in _COMMON][:5]
+        if len(keywords) < 3:
             return ""
         # Spell each keyword as it first appeared, so the line only uses the input's words.
         spelled: dict[str, str] = {}
@@ -293,6 +340,7 @@ class ExtractiveSummarizer:
                 prefix = matched.group(0) if matched else ""
                 lowered = prefix.lower()
                 role = next((r for r in _ROLE_WEIGHT if r in lowered), "topic" if "topic" in lowered else "")
+                role = role or ("user" if prefix.rstrip().endswith(":") else "")  # a speaker's name
                 raw += [(block, group, prefix, role, s) for s in _split_sentences(line[len(prefix) :])]
                 group += 1
         units, _ = self._units(raw, boost_opener=False)
@@ -350,10 +398,10 @@ class ExtractiveSummarizer:
             seen.add(sentence.casefold())
             if prefix not in line_costs:
                 line_costs[prefix] = self.counter.count(prefix) + 1  # +1: the newline before it
-            unit = self._unit(len(units), group, block, prefix, line_costs[prefix], sentence, role, freq)
+            unit = self._unit(len(units), group, block, prefix, line_costs[prefix], sentence, role)
             if boost_opener and role == "user" and not unit.filler:
                 # The first thing the user says usually states what the topic is about.
-                unit, boost_opener = replace(unit, score=unit.score + 0.75), False
+                unit, boost_opener = replace(unit, bonus=unit.bonus + 1.0), False
             units.append(unit)
         substantive = [u for u in units if not u.filler]
         return substantive or units, freq
@@ -367,7 +415,6 @@ class ExtractiveSummarizer:
         line_cost: int,
         text: str,
         role: str,
-        freq: Counter[str],
     ) -> _Unit:
         # Counting a huge sentence in full would be wasted: it is cut to its head anyway.
         huge = len(text) > MAX_SENTENCE_TOKENS * _MAX_CHARS_PER_TOKEN
@@ -378,8 +425,20 @@ class ExtractiveSummarizer:
         words = _lower_words(text)
         content = frozenset(_content_words(words))
         filler = all(w in _FILLER for w in words)
-        score = _score(text, words, content, role, freq)
-        return _Unit(order, group, block, prefix, line_cost, text, tokens, score, content, filler)
+        bonus = _info(text, set(words))
+        return _Unit(
+            order,
+            group,
+            block,
+            prefix,
+            line_cost,
+            text,
+            tokens,
+            content,
+            filler,
+            _ROLE_WEIGHT.get(role, 0.8),
+            bonus,
+        )
 
     def _best_head(self, units: list[_Unit], budget: int) -> list[_Unit]:
         """When no sentence fits whole: the best one cut down to fit, prefix included (or nothing)."""
@@ -395,23 +454,36 @@ class ExtractiveSummarizer:
         return unit.tokens + (0 if unit.group in open_groups else unit.line_cost)
 
     def _greedy(self, units: Iterable[_Unit], budget: int, already: list[_Unit]) -> list[_Unit]:
-        """Add the best-ranked units that still fit (estimated cost) to ``already``."""
+        """Add to ``already`` the units that add the most not yet kept words and facts per token.
+
+        Lazy greedy: a unit's worth only drops as words get covered, so a unit whose fresh
+        worth still beats every stale estimate left is the best one.
+        """
         chosen = list(already)
         taken = {u.order for u in chosen}
         open_groups = {u.group for u in chosen}
         line_costs = {u.group: u.line_cost for u in chosen}
         used = sum(u.tokens for u in chosen) + sum(line_costs.values())
-        candidates = sorted(units, key=lambda u: (-u.rank, u.order))
+        covered: set[str] = set().union(*(u.words for u in chosen))
+        candidates = [u for u in units if u.order not in taken]
         smallest = min((u.tokens for u in candidates), default=0)
-        for unit in candidates:
-            if budget - used < smallest:
-                break
+        heap = [(-u.rank, u.order, i) for i, u in enumerate(candidates)]
+        heapq.heapify(heap)
+        while heap and budget - used >= smallest:
+            _, order, i = heapq.heappop(heap)
+            unit = candidates[i]
             cost = self._cost(unit, open_groups)
+            if used + cost > budget:
+                continue
+            rank = unit.value(covered) / _length_norm(cost)
+            if heap and rank < -heap[0][0]:
+                heapq.heappush(heap, (-rank, order, i))
+                continue
             # The near-duplicate test is the costly one, so it comes last.
-            if used + cost <= budget and unit.order not in taken and not _repeats(unit, chosen):
+            if not _repeats(unit, chosen):
                 chosen.append(unit)
-                taken.add(unit.order)
                 open_groups.add(unit.group)
+                covered |= unit.words
                 used += cost
         return chosen
 
