@@ -183,6 +183,49 @@ async def test_unused_shares_go_to_topic_summaries_only_when_redistributing(redi
         assert ctx.total_tokens == request_tokens(ctx) <= 1003
 
 
+@pytest.mark.parametrize("redistribute", [True, False])
+async def test_spare_room_swaps_the_newest_summaries_back_for_their_messages(redistribute: bool) -> None:
+    async with compressor(redistribute_unused=redistribute) as hc:
+        for k in range(3):
+            for turn, role in enumerate(("user", "assistant")):
+                text = (
+                    ("new topic: " if turn == 0 else "") + f"topic {k} {role} " + words(f"k{k}{role[0]}", 100)
+                )
+                await hc.add_message(CID, Message(role=role, content=text, timestamp=ts(2 * k + turn)))
+        newest = await hc.add_message(
+            CID, Message(role="user", content="new topic: and now?", timestamp=ts(9))
+        )
+        await hc.maintain(CID, now=ts(10))
+        history = await hc.get_history(CID)
+        t1, t2, t3 = history.topics
+        raw = {
+            t.id: [m for m in history.messages if t.first_sequence <= m.sequence <= t.last_sequence]
+            for t in (t1, t2, t3)
+        }
+        cost = {tid: sum(m.token_count for m in msgs) for tid, msgs in raw.items()}
+        assert all(cost[t.id] - t.token_count > 1 for t in (t1, t2, t3))  # summaries are smaller
+
+        # Room for the three summaries plus swapping the newest one back, with one token spare.
+        budget = 3 + newest.token_count + t1.token_count + t2.token_count + cost[t3.id] + 1
+        ctx = await hc.get_context(CID, budget)
+        assert ctx.current_topic == [newest]
+        if redistribute:
+            assert [t.id for t in ctx.historical_topics] == [t1.id, t2.id]
+            assert ctx.recent_topics == raw[t3.id]
+            assert ctx.tier_tokens["recent"] == cost[t3.id]
+            assert ctx.total_tokens == budget - 1
+            assert ctx.to_messages()[2:] == [m.to_openai() for m in raw[t3.id] + [newest]]
+        else:
+            assert ctx.recent_topics == []
+            assert ctx.tier_tokens.get("recent", 0) == 0
+        assert ctx.total_tokens == request_tokens(ctx) <= budget
+
+        # One token short of the swap: the summary stays.
+        ctx = await hc.get_context(CID, budget - 2)
+        assert ctx.recent_topics == []
+        assert [t.id for t in ctx.historical_topics][-1] == t3.id
+
+
 # -- pinned messages ------------------------------------------------------------------------------
 
 

@@ -1,8 +1,11 @@
 """Offline, deterministic extractive summariser: the default, and the fallback when an LLM fails.
 
 It keeps whole sentences verbatim (the user's own words first) and adds nothing of its own
-except speaker prefixes, a ``Topic:`` keyword line, date headers and "…". Whatever the input,
-the result fits ``target_tokens`` and is strictly smaller than what it replaces.
+except short speaker prefixes (``Name:``, or ``User:``/``Assistant:``...), a ``Topic:`` keyword
+line at large budgets, date headers when a merge has room for them, and "…". It may remove
+transcript markup (``{disfmarker}``...) and spoken disfluencies (um, uh). Sentences are chosen
+greedily by how many not-yet-kept informative words and facts they add per token. Whatever the
+input, the result fits ``target_tokens`` and is strictly smaller than what it replaces.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from ..tokens import TokenCounter
 from .base import SummaryInput, SummaryPiece, SummaryResult
 
 #: How strongly selection favours short sentences: value / cost ** LENGTH_EXPONENT.
-LENGTH_EXPONENT = 0.5
+LENGTH_EXPONENT = 0.75
 #: Below this budget a summary has no ``Topic:`` keyword line: the sentences carry those words anyway.
 TOPIC_LINE_MIN_BUDGET = 300
+#: A merge heads each piece with its date range only if all those headers fit in 1/HEADER_SHARE of it.
+HEADER_SHARE = 10
 #: Longer sentences are cut to their head: one rambling sentence must not eat the budget.
 MAX_SENTENCE_TOKENS = 60
 ELLIPSIS = "…"
@@ -57,7 +62,7 @@ _FILLER_WORDS = (
     "ok okay k kk thanks thank you thx ty lol lmao haha hah hehe sure cool great nice yes yeah yep yup no "
     "problem np hi hello hey got it sounds good alright right hmm welcome awesome perfect fine oh ah wow "
     "indeed of course will do bye cheers um uh umm uhm uhh erm mm mmm mhm hm huh uhhuh mm-hmm so like well "
-    "i mean know anyway"
+    "i mean know anyway you're happy glad help to"
 )
 _STOP_WORDS = (
     "a an i me my myself we us our ours ourselves you your yours yourself he him his himself she her hers "
@@ -113,7 +118,7 @@ _PRONOUNS = frozenset({"I", "I'm", "I'll", "I've", "I'd", "I’m", "I’ll", "I�
 _LINE_PREFIX_RE = re.compile(
     r"^(?:[-*•]\s+|\d+[.)]\s+)?(?:(?:[\w-]{1,64}(?: \((?:user|assistant|system|tool)\))?):\s+)?"
 )
-_HEADER_LINE_RE = re.compile(r"^\[\d{4}-\d{2}-\d{2}[^\]]*\]$")
+_HEADER_LINE_RE = re.compile(r"^\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}–[^\]]*\]$")
 # Transcript markup ({disfmarker}, {vocalsound}...) and spoken disfluencies (with the comma that
 # follows them) carry nothing: they are removed from the sentences the summary keeps.
 _NOISE_RE = re.compile(
@@ -197,7 +202,7 @@ def _content_words(words: Iterable[str]) -> list[str]:
 
 def _weight(word: str) -> float:
     """What covering ``word`` is worth: rare words tell topics apart, very common ones hardly do."""
-    return 0.3 if word in _COMMON else 1.0
+    return 0.6 if word in _COMMON else 1.0
 
 
 def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
@@ -236,7 +241,7 @@ def _info(text: str, words: set[str]) -> float:
     names = len(_NAME_RE.findall(text))
     return (
         2.0 * min(links, 2)
-        + 1.5 * dated
+        + 3.0 * dated
         + 1.0 * has_digit
         + 1.5 * min(idents, 2)
         + 0.5 * min(cues, 2)
@@ -249,10 +254,12 @@ def _stamp(moment: datetime) -> datetime:
     return moment.astimezone(UTC) if moment.tzinfo else moment
 
 
-def _date_range(start: datetime, end: datetime) -> str:
+def _date_range(start: datetime, end: datetime, previous: datetime | None = None) -> str:
+    """``[2026-01-05 10:00–10:42]``; the start's date is left out when ``previous`` was on that day."""
     first, last = _stamp(start), _stamp(end)
+    head = "%H:%M" if previous is not None and _stamp(previous).date() == first.date() else "%Y-%m-%d %H:%M"
     tail = last.strftime("%H:%M" if last.date() == first.date() else "%Y-%m-%d %H:%M")
-    return f"[{first:%Y-%m-%d %H:%M}–{tail}]"
+    return f"[{first.strftime(head)}–{tail}]"
 
 
 class ExtractiveSummarizer:
@@ -347,22 +354,19 @@ class ExtractiveSummarizer:
         if not units:
             return ""
 
-        headers = [_date_range(p.started_at, p.ended_at) for p in pieces]
+        headers = [
+            _date_range(p.started_at, p.ended_at, None if i == 0 else pieces[i - 1].started_at)
+            for i, p in enumerate(pieces)
+        ]
         header_cost = sum(self.counter.count(h) + 1 for h in headers)
-        overall = _date_range(pieces[0].started_at, pieces[-1].ended_at)
-        if header_cost > budget // 2:
-            # Too many pieces for a header each: one header for the whole span, if even that fits.
-            headers = []
-            header_cost = self.counter.count(overall) + 1
-            if header_cost > budget // 4:
-                overall, header_cost = "", 0
-        else:
-            overall = ""
+        if header_cost > budget // HEADER_SHARE:
+            # No room for a header per piece: the archive's own header carries the overall range.
+            headers, header_cost = [], 0
 
         chosen = self._fair_share(sizes, units, budget - header_cost)
 
         def render(selected: list[_Unit]) -> str:
-            lines = [overall] if overall else []
+            lines: list[str] = []
             for block in sorted({u.block for u in selected}):
                 lines += [headers[block]] if headers else []
                 lines += self._lines([u for u in selected if u.block == block])
