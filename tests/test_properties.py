@@ -406,11 +406,9 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
                 i += 1
             assert results == results_of.get(m.sequence, []), (m.sequence, results)
             # Only the newest unit may still wait for results: any other must be complete (else a 400).
-            # Known bug (test_context.py::test_a_call_abandoned_by_a_pinned_message_is_not_sent): a call
-            # abandoned by pinned messages only is still sent, without results.
-            after = [x for x in history.messages if x.sequence > sent_messages[i - 1].sequence]
-            known_bug = i == len(sent_messages) and bool(after) and all(x.pinned for x in after)
-            if m.sequence != newest_unit(history)[0].sequence and not known_bug:
+            # Pinned messages after it do not end the wait (they are instructions, not turns).
+            unpinned = [x for x in history.messages if not x.pinned]
+            if m.sequence != last_unit(unpinned)[0].sequence:
                 assert sorted(results) == sorted(str(c["id"]) for c in m.tool_calls), (m.sequence, results)
 
 

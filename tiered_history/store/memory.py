@@ -132,8 +132,8 @@ class MemoryStore:
                 conv.last_clean_seq = seq - 1
             elif m.role == "tool":
                 open_calls.remove(str(m.tool_call_id))
-            else:
-                open_calls = []
+            elif not m.pinned:
+                open_calls = []  # a new turn abandons calls that never got results
             if not open_calls:
                 conv.last_clean_seq = seq
             conv.state = replace(

@@ -183,8 +183,9 @@ class SQLStore:
                 open_calls = [str(c["id"]) for c in m.tool_calls]
             elif m.role == "tool":
                 open_calls.remove(str(m.tool_call_id))
-            else:
-                open_calls = []  # a new turn abandons calls that never got results
+            elif not m.pinned:
+                # A new turn abandons calls that never got results; a pinned instruction is no turn.
+                open_calls = []
             # The last sequence a seal may end at: never between a tool call and its results.
             last_clean: int | None = None
             if not open_calls:
