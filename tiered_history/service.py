@@ -222,9 +222,28 @@ class HistoryCompressor:
             max_tokens = self.default_max_tokens()
         check_max_tokens(max_tokens)
         await self._ready()
-        rows = await self.store.read_context(conversation_id, max_tokens)
+        budget = max_tokens
+
+        def covered_budget(rows: ContextRows) -> int:
+            # A dry run without summarised messages: the room it leaves, plus the summaries that
+            # could be swapped out, is all the summarised text the real assembly could use.
+            if not self._shares.redistribute or not rows.topics:
+                return 0
+            dry = self._assemble(conversation_id, budget, self._checked(rows))
+            if dry.omitted_messages or not dry.historical_topics:
+                return 0
+            return budget - dry.total_tokens + dry.tier_tokens["topic"]
+
+        rows = self._checked(await self.store.read_context(conversation_id, max_tokens, covered_budget))
+        return self._assemble(conversation_id, max_tokens, rows)
+
+    def _checked(self, rows: ContextRows) -> ContextRows:
+        """Rows whose stored counts came from this tokenizer (recounted if ``model`` changed)."""
         if rows.state.encoding and rows.state.encoding != self.counter.encoding_name:
-            rows = self._recount(rows)
+            return self._recount(rows)
+        return rows
+
+    def _assemble(self, conversation_id: str, max_tokens: int, rows: ContextRows) -> CompressedContext:
         return assemble(
             conversation_id=conversation_id,
             max_tokens=max_tokens,

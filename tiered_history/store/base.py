@@ -70,6 +70,10 @@ class ContextRows:
     the newest summaries are swapped for them when the budget has room."""
 
 
+#: Given the rows read so far, how many tokens of summarised messages the context could use.
+CoveredBudget = Callable[[ContextRows], int]
+
+
 @dataclass(frozen=True, slots=True)
 class SummaryWrite:
     """The outcome of summarising one topic or merging several into an archive."""
@@ -148,8 +152,14 @@ class Store(Protocol):
 
     async def state(self, conversation_id: str) -> ConversationState | None: ...
 
-    async def read_context(self, conversation_id: str, token_cap: int) -> ContextRows:
-        """Rows ``get_context`` may use: reads stop once ``token_cap`` tokens of each kind are in hand."""
+    async def read_context(
+        self, conversation_id: str, token_cap: int, covered_budget: CoveredBudget | None = None
+    ) -> ContextRows:
+        """Rows ``get_context`` may use: reads stop once ``token_cap`` tokens of each kind are in hand.
+
+        ``covered_budget`` is asked, in the same snapshot, how many tokens of already-summarised
+        messages could be used; that many are read into ``covered`` (none when it says 0).
+        """
         ...
 
     async def history(self, conversation_id: str) -> History: ...

@@ -18,6 +18,7 @@ from .base import (
     BoundaryPolicy,
     ContextRows,
     ConversationState,
+    CoveredBudget,
     LeaseLostError,
     PreparedMessage,
     SummaryWrite,
@@ -202,29 +203,33 @@ class MemoryStore:
         conv = self._convs.get(conversation_id)
         return None if conv is None else conv.state
 
-    async def read_context(self, conversation_id: str, token_cap: int) -> ContextRows:
+    async def read_context(
+        self, conversation_id: str, token_cap: int, covered_budget: CoveredBudget | None = None
+    ) -> ContextRows:
         async with self._lock:
             conv = self._get(conversation_id)
             st = conv.state
             pinned = [x for x in conv.messages if x.pinned]
-            window = newest_window([x for x in conv.messages if not x.pinned], token_cap)
-            verbatim = [m for m in window if m.sequence > st.summarized_upto]
-            covered = [m for m in window if m.sequence <= st.summarized_upto]
+            unpinned = [x for x in conv.messages if not x.pinned]
+            verbatim = newest_window([m for m in unpinned if m.sequence > st.summarized_upto], token_cap)
             if not verbatim:
-                verbatim = newest_unit(covered)
-                covered = covered[: len(covered) - len(verbatim)]
+                verbatim = newest_unit(unpinned[-64:])
             topics = [t for t in conv.topics if t.merged_into is None and t.status != "pending"]
             archives = [a for a in conv.archives if a.dropped_at is None]
             dropped = [a for a in conv.archives if a.dropped_at is not None]
-            return ContextRows(
+            rows = ContextRows(
                 st,
                 pinned,
                 verbatim,
                 _newest(topics, token_cap),
                 _newest(archives, token_cap),
                 _newest(dropped, token_cap),
-                covered,
             )
+            want = covered_budget(rows) if covered_budget else 0
+            if want <= 0:
+                return rows
+            below = min([st.summarized_upto + 1, *(m.sequence for m in verbatim)])
+            return replace(rows, covered=newest_window([m for m in unpinned if m.sequence < below], want))
 
     async def history(self, conversation_id: str) -> History:
         async with self._lock:

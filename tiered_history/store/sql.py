@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from .base import (
     BoundaryPolicy,
     ContextRows,
     ConversationState,
+    CoveredBudget,
     LeaseLostError,
     PreparedMessage,
     SummaryWrite,
@@ -350,7 +352,9 @@ class SQLStore:
         out.reverse()
         return out
 
-    async def read_context(self, conversation_id: str, token_cap: int) -> ContextRows:
+    async def read_context(
+        self, conversation_id: str, token_cap: int, covered_budget: CoveredBudget | None = None
+    ) -> ContextRows:
         def run(conn: Connection) -> ContextRows:
             row = (
                 conn.execute(
@@ -375,22 +379,19 @@ class SQLStore:
                         )
                     ).all()
                 ]
-            # One newest-first window over unpinned messages: uncovered ones are the current
-            # topic; summarised ones may replace their summaries when the budget has room.
+            unpinned = sa.select(*MESSAGE_COLUMNS).where(is_msg, H.c.pinned == sa.false())
             read = self._page_newest(
                 conn,
-                sa.select(*MESSAGE_COLUMNS).where(is_msg, H.c.pinned == sa.false()),
+                unpinned.where(H.c.sequence > state.summarized_upto),
                 H.c.sequence,
                 token_cap,
                 tool_units=True,
             )
-            window = newest_window([to_message(r) for r in read], token_cap)
-            verbatim = [m for m in window if m.sequence > state.summarized_upto]
-            covered = [m for m in window if m.sequence <= state.summarized_upto]
-            if not verbatim:
+            verbatim = newest_window([to_message(r) for r in read], token_cap)
+            if not verbatim and state.last_sequence > 0:
                 # Everything is summarised: still send the newest message, with its tool call if any.
-                verbatim = newest_unit(covered)
-                covered = covered[: len(covered) - len(verbatim)]
+                tail = self._page_newest(conn, unpinned, H.c.sequence, 1, tool_units=True)
+                verbatim = newest_unit([to_message(r) for r in tail])
             topic_rows = self._page_newest(
                 conn,
                 sa.select(H).where(
@@ -429,15 +430,23 @@ class SQLStore:
                     token_cap,
                     tool_units=False,
                 )
-            return ContextRows(
+            rows = ContextRows(
                 state=state,
                 pinned=pinned,
                 verbatim=verbatim,
                 topics=[to_summary(r) for r in topic_rows],
                 archives=[to_summary(r) for r in archive_rows],
                 dropped=[to_summary(r) for r in dropped_rows],
-                covered=covered,
             )
+            # Summarised messages are read only as far as spare room could use them.
+            want = covered_budget(rows) if covered_budget else 0
+            if want <= 0:
+                return rows
+            below = min([state.summarized_upto + 1, *(m.sequence for m in verbatim)])
+            read = self._page_newest(
+                conn, unpinned.where(H.c.sequence < below), H.c.sequence, want, tool_units=True
+            )
+            return replace(rows, covered=newest_window([to_message(r) for r in read], want))
 
         return await self._tx("reading the context", run, write=False)
 
