@@ -224,15 +224,18 @@ class HistoryCompressor:
         await self._ready()
         budget = max_tokens
 
-        def covered_budget(rows: ContextRows) -> int:
-            # A dry run without summarised messages: the room it leaves, plus the summaries that
-            # could be swapped out, is all the summarised text the real assembly could use.
-            if not self._shares.redistribute or not rows.topics:
-                return 0
+        def covered_budget(rows: ContextRows) -> tuple[int, int]:
+            # A dry run on what is read so far: the room it leaves is all the dropped-archive
+            # text the real assembly could use, plus the summaries it could swap out for messages.
+            if not self._shares.redistribute:
+                return 0, 0
             dry = self._assemble(conversation_id, budget, self._checked(rows))
-            if dry.omitted_messages or not dry.historical_topics:
-                return 0
-            return budget - dry.total_tokens + dry.tier_tokens["topic"]
+            room = budget - dry.total_tokens
+            dropped = room if len(dry.bulk_archives) == len([a for a in rows.archives if a.rendered]) else 0
+            covered = 0
+            if rows.topics and not dry.omitted_messages and dry.historical_topics:
+                covered = room + dry.tier_tokens["topic"]
+            return dropped, covered
 
         rows = self._checked(await self.store.read_context(conversation_id, max_tokens, covered_budget))
         return self._assemble(conversation_id, max_tokens, rows)

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         help=f"meetings, spread evenly over the split (default {DEFAULT_LIMIT}; 0 = all)",
     )
     p.add_argument("--budgets", default="1000,2000,4000,8000")
-    p.add_argument("--out", type=Path, default=Path("docs/benchmarks-peers.md"))
+    p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     p.add_argument("--plot", type=Path, default=Path("docs/retention.png"))
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--speed-sizes", default="1000,10000,100000")

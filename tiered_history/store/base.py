@@ -70,8 +70,9 @@ class ContextRows:
     the newest summaries are swapped for them when the budget has room."""
 
 
-#: Given the rows read so far, how many tokens of summarised messages the context could use.
-CoveredBudget = Callable[[ContextRows], int]
+#: Given the rows read so far: how many tokens of dropped archives, and of summarised messages,
+#: the context could still use.
+CoveredBudget = Callable[[ContextRows], tuple[int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,19 @@ def newest_window(messages_oldest_first: list[StoredMessage], token_cap: int) ->
             break
         out.append(m)
         tokens += m.token_count
+    out.reverse()
+    return out
+
+
+def newest_summaries(summaries_oldest_first: list[Summary], token_cap: int) -> list[Summary]:
+    """The newest summaries whose tokens reach ``token_cap`` (the last one may cross it)."""
+    out: list[Summary] = []
+    tokens = 0
+    for x in reversed(summaries_oldest_first):
+        if tokens >= token_cap:
+            break
+        out.append(x)
+        tokens += x.token_count
     out.reverse()
     return out
 
@@ -157,8 +171,9 @@ class Store(Protocol):
     ) -> ContextRows:
         """Rows ``get_context`` may use: reads stop once ``token_cap`` tokens of each kind are in hand.
 
-        ``covered_budget`` is asked, in the same snapshot, how many tokens of already-summarised
-        messages could be used; that many are read into ``covered`` (none when it says 0).
+        ``covered_budget`` is asked, in the same snapshot, how many tokens of dropped archives
+        and of already-summarised messages could be used; that many are read into ``dropped``
+        and ``covered`` (none when it says 0).
         """
         ...
 

@@ -22,6 +22,7 @@ from .base import (
     LeaseLostError,
     PreparedMessage,
     SummaryWrite,
+    newest_summaries,
     newest_unit,
     newest_window,
 )
@@ -223,13 +224,19 @@ class MemoryStore:
                 verbatim,
                 _newest(topics, token_cap),
                 _newest(archives, token_cap),
-                _newest(dropped, token_cap),
             )
-            want = covered_budget(rows) if covered_budget else 0
-            if want <= 0:
-                return rows
-            below = min([st.summarized_upto + 1, *(m.sequence for m in verbatim)])
-            return replace(rows, covered=newest_window([m for m in unpinned if m.sequence < below], want))
+            want_dropped, want_covered = covered_budget(rows) if covered_budget else (0, 0)
+            revived = False
+            if want_dropped > 0:
+                rows = replace(rows, dropped=newest_summaries(dropped, want_dropped))
+                revived = bool(rows.dropped)
+            if revived and covered_budget:
+                _, want_covered = covered_budget(rows)  # revived archives take room first
+            if want_covered > 0:
+                below = min([st.summarized_upto + 1, *(m.sequence for m in verbatim)])
+                covered = newest_window([m for m in unpinned if m.sequence < below], want_covered)
+                rows = replace(rows, covered=covered)
+            return rows
 
     async def history(self, conversation_id: str) -> History:
         async with self._lock:

@@ -27,6 +27,7 @@ from .base import (
     LeaseLostError,
     PreparedMessage,
     SummaryWrite,
+    newest_summaries,
     newest_unit,
     newest_window,
 )
@@ -417,8 +418,18 @@ class SQLStore:
                 token_cap,
                 tool_units=False,
             )
-            dropped_rows = []
-            if row.archives_dropped_upto:
+            rows = ContextRows(
+                state=state,
+                pinned=pinned,
+                verbatim=verbatim,
+                topics=[to_summary(r) for r in topic_rows],
+                archives=[to_summary(r) for r in archive_rows],
+            )
+            # Dropped archives and summarised messages are read only as far as spare room could
+            # use them (asked in this same snapshot).
+            want_dropped, want_covered = covered_budget(rows) if covered_budget else (0, 0)
+            revived = False
+            if want_dropped > 0 and row.archives_dropped_upto:
                 dropped_rows = self._page_newest(
                     conn,
                     sa.select(H).where(
@@ -427,26 +438,22 @@ class SQLStore:
                         H.c.sequence <= row.archives_dropped_upto,
                     ),
                     H.c.sequence,
-                    token_cap,
+                    want_dropped,
                     tool_units=False,
                 )
-            rows = ContextRows(
-                state=state,
-                pinned=pinned,
-                verbatim=verbatim,
-                topics=[to_summary(r) for r in topic_rows],
-                archives=[to_summary(r) for r in archive_rows],
-                dropped=[to_summary(r) for r in dropped_rows],
-            )
-            # Summarised messages are read only as far as spare room could use them.
-            want = covered_budget(rows) if covered_budget else 0
-            if want <= 0:
-                return rows
-            below = min([state.summarized_upto + 1, *(m.sequence for m in verbatim)])
-            read = self._page_newest(
-                conn, unpinned.where(H.c.sequence < below), H.c.sequence, want, tool_units=True
-            )
-            return replace(rows, covered=newest_window([to_message(r) for r in read], want))
+                rows = replace(
+                    rows, dropped=newest_summaries([to_summary(r) for r in dropped_rows], want_dropped)
+                )
+                revived = bool(rows.dropped)
+            if revived and covered_budget:
+                _, want_covered = covered_budget(rows)  # revived archives take room first
+            if want_covered > 0:
+                below = min([state.summarized_upto + 1, *(m.sequence for m in verbatim)])
+                read = self._page_newest(
+                    conn, unpinned.where(H.c.sequence < below), H.c.sequence, want_covered, tool_units=True
+                )
+                rows = replace(rows, covered=newest_window([to_message(r) for r in read], want_covered))
+            return rows
 
         return await self._tx("reading the context", run, write=False)
 
