@@ -20,6 +20,25 @@ class PreparedMessage:
     full_token_count: int
     context_content: str | None = None
 
+    def stored(self, conversation_id: str, sequence: int) -> StoredMessage:
+        """The record a store returns once this message is written with ``sequence``."""
+        m = self.message
+        return StoredMessage(
+            conversation_id=conversation_id,
+            sequence=sequence,
+            role=m.role,
+            content=m.content,
+            timestamp=m.timestamp,
+            token_count=self.token_count,
+            full_token_count=self.full_token_count,
+            name=m.name,
+            tool_calls=m.tool_calls,
+            tool_call_id=m.tool_call_id,
+            pinned=m.pinned,
+            metadata=dict(m.metadata),
+            truncated_content=self.context_content,
+        )
+
 
 #: Decides, under the conversation's lock, whether the open topic is sealed before a message.
 BoundaryPolicy = Callable[[OpenTopic, PreparedMessage], str | None]

@@ -113,21 +113,7 @@ class MemoryStore:
             sealed = self._seal_locked(conv, reason, now) if reason else None
             st = conv.state
             seq = st.last_sequence + 1
-            stored = StoredMessage(
-                conversation_id=conversation_id,
-                sequence=seq,
-                role=m.role,
-                content=m.content,
-                timestamp=m.timestamp,
-                token_count=prepared.token_count,
-                full_token_count=prepared.full_token_count,
-                name=m.name,
-                tool_calls=m.tool_calls,
-                tool_call_id=m.tool_call_id,
-                pinned=m.pinned,
-                metadata=dict(m.metadata),
-                truncated_content=prepared.context_content,
-            )
+            stored = prepared.stored(conversation_id, seq)
             conv.messages.append(stored)
             if m.tool_calls:
                 open_calls = [str(c["id"]) for c in m.tool_calls]
@@ -222,8 +208,8 @@ class MemoryStore:
                 st,
                 pinned,
                 verbatim,
-                _newest(topics, token_cap),
-                _newest(archives, token_cap),
+                newest_summaries(topics, token_cap),
+                newest_summaries(archives, token_cap),
             )
             want_dropped, want_covered = covered_budget(rows) if covered_budget else (0, 0)
             revived = False
@@ -498,15 +484,3 @@ class MemoryStore:
                     )
                 )
             return out
-
-
-def _newest(items: list[Summary], token_cap: int) -> list[Summary]:
-    out: list[Summary] = []
-    tokens = 0
-    for s in reversed(items):
-        if tokens >= token_cap:
-            break
-        out.append(s)
-        tokens += s.token_count
-    out.reverse()
-    return out

@@ -212,21 +212,7 @@ class SQLStore:
             if platform and not state.platform:
                 values["platform"] = platform
             conn.execute(sa.update(C).where(C.c.id == conversation_id).values(**values))
-            stored = StoredMessage(
-                conversation_id=conversation_id,
-                sequence=seq,
-                role=m.role,
-                content=m.content,
-                timestamp=m.timestamp,
-                token_count=prepared.token_count,
-                full_token_count=prepared.full_token_count,
-                name=m.name,
-                tool_calls=m.tool_calls,
-                tool_call_id=m.tool_call_id,
-                pinned=m.pinned,
-                metadata=dict(m.metadata),
-                truncated_content=prepared.context_content,
-            )
+            stored = prepared.stored(conversation_id, seq)
             return stored, sealed
 
         return await self._tx("adding a message", run, write=True)
