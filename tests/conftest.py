@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -120,37 +122,35 @@ def make_pg_database() -> tuple[str, Any]:
 
 
 @pytest.fixture
-def pg_url() -> Any:
-    url, drop = make_pg_database()
-    try:
+def pg_url(tmp_path: Any) -> Iterator[str]:
+    with database_url("postgresql", tmp_path) as url:
         yield url
-    finally:
-        drop()
+
+
+@contextlib.contextmanager
+def database_url(kind: str, directory: Any) -> Iterator[str]:
+    """A fresh database of ``kind`` (memory, sqlite in ``directory``, postgresql), dropped afterwards."""
+    if kind == "memory":
+        yield "memory://"
+    elif kind == "sqlite":
+        yield f"sqlite:///{directory / 'history.db'}"
+    else:
+        url, drop = make_pg_database()
+        try:
+            yield url
+        finally:
+            drop()
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
     """A fresh database URL for each backend: the in-memory store, a SQLite file, PostgreSQL."""
-    if request.param == "memory":
-        yield "memory://"
-    elif request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'history.db'}"
-    else:
-        url, drop = make_pg_database()
-        try:
-            yield url
-        finally:
-            drop()
+    with database_url(request.param, tmp_path) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def sql_url(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+def sql_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
     """A fresh SQL database URL (SQLite file or PostgreSQL)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'history.db'}"
-    else:
-        url, drop = make_pg_database()
-        try:
-            yield url
-        finally:
-            drop()
+    with database_url(request.param, tmp_path) as url:
+        yield url

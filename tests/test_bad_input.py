@@ -27,7 +27,7 @@ from tiered_history import (
 from tiered_history.core.budget import MIN_MAX_TOKENS
 from tiered_history.models import MAX_CONVERSATION_ID_LENGTH
 
-from .conftest import make_pg_database
+from .conftest import database_url
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -35,16 +35,8 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 @pytest.fixture(scope="module", params=["memory", "sqlite", "postgresql"])
 def backend_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One database per backend for the module (the in-memory store is fresh per compressor)."""
-    if request.param == "memory":
-        yield "memory://"
-    elif request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('bad-input') / 'history.db'}"
-    else:
-        url, drop = make_pg_database()
-        try:
-            yield url
-        finally:
-            drop()
+    with database_url(request.param, tmp_path_factory.mktemp("bad-input")) as url:
+        yield url
 
 
 @pytest.fixture
