@@ -588,6 +588,25 @@ async def test_history_covers_every_message_sequence_exactly_once(db_url: str) -
             )
 
 
+async def test_a_summarised_tool_call_is_sent_whole_with_all_its_results(db_url: str) -> None:
+    # Everything is summarised, so the context falls back to the newest unit: the call and
+    # every one of its 70 results (more than any fixed look-back window), nothing cut off.
+    async with compressor(db_url, redistribute_unused=False) as hc:
+        feed = Feed(hc)
+        await feed.topic(4, "alpha")
+        ids = [f"r{k}" for k in range(70)]
+        await feed.add("assistant", tool_calls=[call(i) for i in ids])
+        for i in ids:
+            await feed.add("tool", f"result {i}", tool_call_id=i)
+        await hc.seal_current_topic(CID)
+        await hc.maintain(CID, now=feed.now)
+        state = await hc.store.state(CID)
+        assert state is not None and state.summarized_upto == feed.i
+        ctx = await hc.get_context(CID, max_tokens=4000)
+        assert [m.sequence for m in ctx.current_topic] == list(range(5, feed.i + 1))
+        assert ctx.current_topic[0].tool_calls is not None
+
+
 async def test_search_finds_old_messages_after_compression(db_url: str) -> None:
     async with compressor(db_url, **SMALL) as hc:
         feed = Feed(hc)

@@ -200,7 +200,7 @@ class MemoryStore:
             unpinned = [x for x in conv.messages if not x.pinned]
             verbatim = newest_window([m for m in unpinned if m.sequence > st.summarized_upto], token_cap)
             if not verbatim:
-                verbatim = newest_unit(unpinned[-64:])
+                verbatim = newest_unit(unpinned)
             topics = [t for t in conv.topics if t.merged_into is None and t.status != "pending"]
             archives = [a for a in conv.archives if a.dropped_at is None]
             dropped = [a for a in conv.archives if a.dropped_at is not None]
