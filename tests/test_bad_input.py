@@ -110,16 +110,17 @@ async def existing(hc: HistoryCompressor, n: int = 2) -> str:
 @pytest.mark.parametrize(
     ("cid", "match"),
     [
-        ("", "empty or whitespace"),
-        ("   ", "empty or whitespace"),
-        ("\t\n ", "empty or whitespace"),
+        ("", "must not be empty, whitespace or invisible"),
+        ("   ", "must not be empty, whitespace or invisible"),
+        ("\t\n ", "must not be empty, whitespace or invisible"),
+        ("\u200b\u200d\ufeff", "must not be empty, whitespace or invisible"),
         ("a" * (MAX_CONVERSATION_ID_LENGTH + 1), "256 characters long; the maximum is 255"),
         ("nul\x00byte", "control characters"),
         ("bad\ud800id", "surrogate"),
         (12345, "must be a string, not int"),
         (None, "must be a string, not NoneType"),
     ],
-    ids=["empty", "spaces", "whitespace", "256-chars", "nul", "surrogate", "int", "none"],
+    ids=["empty", "spaces", "whitespace", "zero-width", "256-chars", "nul", "surrogate", "int", "none"],
 )
 async def test_invalid_conversation_id_is_rejected_for_every_method(
     hc: HistoryCompressor, cid: Any, match: str

@@ -22,6 +22,8 @@ MAX_CONVERSATION_ID_LENGTH = 255
 MAX_TOOL_CALL_ID_LENGTH = 255
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
+#: Whitespace and zero-width characters: an id made only of these looks empty in every log and UI.
+_BLANK_RE = re.compile(r"[\s\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]*")
 
 
 def _check_text(value: str, what: str) -> str:
@@ -52,8 +54,8 @@ def validate_conversation_id(conversation_id: object) -> str:
         raise InvalidConversationIdError(
             f"conversation id must be a string, not {type(conversation_id).__name__}"
         )
-    if not conversation_id.strip():
-        raise InvalidConversationIdError("conversation id must not be empty or whitespace")
+    if _BLANK_RE.fullmatch(conversation_id):
+        raise InvalidConversationIdError("conversation id must not be empty, whitespace or invisible")
     if len(conversation_id) > MAX_CONVERSATION_ID_LENGTH:
         raise InvalidConversationIdError(
             f"conversation id is {len(conversation_id)} characters long; "
