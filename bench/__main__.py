@@ -18,6 +18,7 @@ STEPS: list[list[str]] = [
     ["bench.latency", "--backend", "all", "--sizes", "1000,10000,100000", "--out", str(DOC)],
     ["bench.boundaries", "--out", str(DOC)],
     ["bench.retention", "--out", str(DOC)],
+    ["bench.llm_cost", "--out", str(DOC)],
 ]
 LOAD = ["--conversations", "1000", "--clients", "4", "--workers", "2", "--seconds", "30"]
 
