@@ -28,7 +28,14 @@ from .models import (
 )
 from .service import HistoryCompressor, MaintenanceReport
 from .settings import Settings
-from .summarizers import ExtractiveSummarizer, Summarizer, SummaryInput, SummaryPiece, SummaryResult
+from .summarizers import (
+    ExtractiveSummarizer,
+    Summarizer,
+    SummaryInput,
+    SummaryPiece,
+    SummaryResult,
+    record_spend,
+)
 from .sync import SyncHistoryCompressor
 from .tokens import TokenCounter
 
@@ -62,4 +69,5 @@ __all__ = [
     "TokenCounter",
     "TransientStoreError",
     "__version__",
+    "record_spend",
 ]

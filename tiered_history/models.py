@@ -244,6 +244,8 @@ class Summary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
+    """Summariser spend on this row (USD, litellm's prices), every attempt included: an answer
+    that was rejected, a chunked call that failed part-way and each failed retry are paid for too."""
     latency_ms: float = 0.0
     attempts: int = 0
     merged_into: int | None = None

@@ -38,7 +38,15 @@ from .models import (
 )
 from .settings import Settings
 from .store.base import ContextRows, LeaseLostError, PreparedMessage, Store, SummaryWrite
-from .summarizers import ExtractiveSummarizer, Summarizer, SummaryInput, SummaryPiece, build_summarizer
+from .summarizers import (
+    ExtractiveSummarizer,
+    Spend,
+    Summarizer,
+    SummaryInput,
+    SummaryPiece,
+    build_summarizer,
+    spend_ledger,
+)
 from .tokens import TokenCounter
 
 log = logging.getLogger("tiered_history")
@@ -456,10 +464,11 @@ class HistoryCompressor:
         result: Any = None,
         error: str | None = None,
         next_attempt_at: datetime | None = None,
+        spent: Spend | None = None,
     ) -> SummaryWrite:
         rendered = render_summary(tier, text, first, last, started, ended) if text.strip() else ""
         tokens = self.counter.message_tokens({"role": "user", "content": rendered}) if rendered else 0
-        return SummaryWrite(
+        write = SummaryWrite(
             content=text,
             rendered=rendered,
             token_count=tokens,
@@ -473,6 +482,7 @@ class HistoryCompressor:
             next_attempt_at=next_attempt_at,
             last_error=error,
         )
+        return _charged(write, spent)
 
     async def _call(self, coro: Any) -> Any:
         return await asyncio.wait_for(coro, timeout=self.settings.summarizer.timeout)
@@ -508,33 +518,42 @@ class HistoryCompressor:
             return self._write("topic", transcript, "final", *args, result=_Verbatim())
         inputs = [SummaryInput(m.sequence, m.role, m.content, m.timestamp, m.name) for m in msgs]
         error: str | None = None
+        spent = Spend()
         if not isinstance(self.summarizer, ExtractiveSummarizer):
-            try:
-                result = await self._call(self.summarizer.summarize(inputs, cap))
-                error = self._acceptable(result.text, cap)
-                if error is None:
-                    write = self._write("topic", result.text.strip(), "final", *args, result=result)
-                    if write.token_count < source:
-                        return write
-                    error = f"summary ({write.token_count} tokens) is not smaller than its source ({source})"
-            except (Exception, asyncio.CancelledError) as exc:  # the LLM may fail in any way
-                _reraise_if_we_are_cancelled(exc)
-                error = f"{type(exc).__name__}: {exc}"[:500]
+            result: Any = None
+            with spend_ledger() as spent:
+                try:
+                    result = await self._call(self.summarizer.summarize(inputs, cap))
+                    error = self._acceptable(result.text, cap)
+                    if error is None:
+                        write = self._write("topic", result.text.strip(), "final", *args, result=result)
+                        if write.token_count < source:
+                            return _charged(write, spent)
+                        error = (
+                            f"summary ({write.token_count} tokens) is not smaller than its source ({source})"
+                        )
+                except (Exception, asyncio.CancelledError) as exc:  # the LLM may fail in any way
+                    _reraise_if_we_are_cancelled(exc)
+                    error = f"{type(exc).__name__}: {exc}"[:500]
+            spent = _spend_of(spent, result)
             log.warning("summariser failed for %s topic %s: %s", topic.conversation_id, topic.sequence, error)
         if topic.status == "provisional":
-            # A retry that failed again: keep the existing extractive text, just record the attempt.
+            # A retry that failed again: keep the existing extractive text, record the attempt
+            # and what it cost.
             retry_at = now + timedelta(
                 seconds=escalation.retry_delay(topic.attempts + 1, s.retry_backoff_seconds)
             )
-            return SummaryWrite(
+            retry = SummaryWrite(
                 content=topic.content,
                 rendered=topic.rendered,
                 token_count=topic.token_count,
                 status="provisional" if topic.attempts + 1 < s.summary_max_attempts else "final",
                 summarizer=topic.summarizer or "extractive",
+                model=topic.model,
                 next_attempt_at=retry_at,
                 last_error=error,
             )
+            return _charged(retry, spent)
         fb = await self.fallback.summarize(inputs, cap)
         provisional = error is not None
         first_retry: datetime | None = None
@@ -542,7 +561,7 @@ class HistoryCompressor:
             first_retry = now + timedelta(seconds=escalation.retry_delay(1, s.retry_backoff_seconds))
         status = "provisional" if provisional and s.summary_max_attempts > 1 else "final"
         return self._write(
-            "topic", fb.text, status, *args, result=fb, error=error, next_attempt_at=first_retry
+            "topic", fb.text, status, *args, result=fb, error=error, next_attempt_at=first_retry, spent=spent
         )
 
     async def _merge(self, topics: Sequence[Summary]) -> SummaryWrite:
@@ -559,20 +578,26 @@ class HistoryCompressor:
         source = sum(self.counter.count(t.content) for t in topics)
         target = max(min(self._plan.bulk_target, source - 1), 1)
         error: str | None = None
+        spent = Spend()
         if not isinstance(self.summarizer, ExtractiveSummarizer):
-            try:
-                result = await self._call(self.summarizer.merge(pieces, target))
-                error = self._acceptable(result.text, target)
-                if error is None and self.counter.count(result.text) >= source:
-                    error = "archive is not smaller than the summaries it merges"
-                if error is None:
-                    return self._write("bulk", result.text.strip(), "final", *args, result=result)
-            except (Exception, asyncio.CancelledError) as exc:
-                _reraise_if_we_are_cancelled(exc)
-                error = f"{type(exc).__name__}: {exc}"[:500]
+            result: Any = None
+            with spend_ledger() as spent:
+                try:
+                    result = await self._call(self.summarizer.merge(pieces, target))
+                    error = self._acceptable(result.text, target)
+                    if error is None and self.counter.count(result.text) >= source:
+                        error = "archive is not smaller than the summaries it merges"
+                    if error is None:
+                        return self._write(
+                            "bulk", result.text.strip(), "final", *args, result=result, spent=spent
+                        )
+                except (Exception, asyncio.CancelledError) as exc:
+                    _reraise_if_we_are_cancelled(exc)
+                    error = f"{type(exc).__name__}: {exc}"[:500]
+            spent = _spend_of(spent, result)
             log.warning("summariser merge failed for %s: %s", topics[0].conversation_id, error)
         fb = await self.fallback.merge(pieces, target)
-        return self._write("bulk", fb.text, "final", *args, result=fb, error=error)
+        return self._write("bulk", fb.text, "final", *args, result=fb, error=error, spent=spent)
 
     # -- background scheduling (APScheduler) ------------------------------------------------
 
@@ -591,6 +616,33 @@ class HistoryCompressor:
         if self._background is not None:
             await self._background.stop()
             self._background = None
+
+
+def _spend_of(ledger: Spend, result: object) -> Spend:
+    """What an attempt cost: the ledger if the summariser reports to it, else what its result says
+    (a summariser may return anything: only well-formed numbers are taken)."""
+    if ledger.calls:
+        return ledger
+    usage = [getattr(result, k, 0) for k in ("prompt_tokens", "completion_tokens", "cost")]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in usage):
+        return ledger
+    if not any(usage):
+        return ledger
+    model = getattr(result, "model", None)
+    return Spend(1, int(usage[0]), int(usage[1]), float(usage[2]), model if isinstance(model, str) else None)
+
+
+def _charged(write: SummaryWrite, spent: Spend | None) -> SummaryWrite:
+    """``write`` carrying everything its attempt spent on model calls, accepted or not."""
+    if spent is None or not spent.calls:
+        return write
+    return replace(
+        write,
+        model=write.model if write.summarizer != "extractive" else spent.model or write.model,
+        prompt_tokens=spent.prompt_tokens,
+        completion_tokens=spent.completion_tokens,
+        cost=spent.cost,
+    )
 
 
 def _reraise_if_we_are_cancelled(exc: BaseException) -> None:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from ..settings import SummarizerSettings
 from ..tokens import TokenCounter
-from .base import Summarizer, SummaryInput, SummaryPiece, SummaryResult
+from .base import Spend, Summarizer, SummaryInput, SummaryPiece, SummaryResult, record_spend, spend_ledger
 from .extractive import ExtractiveSummarizer
 
 __all__ = [
     "ExtractiveSummarizer",
+    "Spend",
     "Summarizer",
     "SummaryInput",
     "SummaryPiece",
     "SummaryResult",
     "build_summarizer",
+    "record_spend",
+    "spend_ledger",
 ]
 
 

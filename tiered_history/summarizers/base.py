@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -58,3 +60,45 @@ class Summarizer(Protocol):
     async def summarize(self, messages: Sequence[SummaryInput], target_tokens: int) -> SummaryResult: ...
 
     async def merge(self, pieces: Sequence[SummaryPiece], target_tokens: int) -> SummaryResult: ...
+
+
+@dataclass(slots=True)
+class Spend:
+    """What the model calls made while producing one summary cost, whatever became of them."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    model: str | None = None
+
+
+_LEDGER: ContextVar[Spend | None] = ContextVar("tiered_history_spend", default=None)
+
+
+def record_spend(model: str | None, prompt_tokens: int, completion_tokens: int, cost: float) -> None:
+    """Count one billed model call towards the summary being produced.
+
+    Summarisers call this as soon as a call's usage is known, so the spend is recorded
+    even if the answer is then rejected, a later chunk fails, or the whole call times out.
+    Outside :func:`spend_ledger` it does nothing.
+    """
+    ledger = _LEDGER.get()
+    if ledger is None:
+        return
+    ledger.calls += 1
+    ledger.prompt_tokens += prompt_tokens
+    ledger.completion_tokens += completion_tokens
+    ledger.cost += cost
+    ledger.model = model or ledger.model
+
+
+@contextmanager
+def spend_ledger() -> Iterator[Spend]:
+    """Collect :func:`record_spend` calls made in this context (tasks started in it included)."""
+    ledger = Spend()
+    token = _LEDGER.set(ledger)
+    try:
+        yield ledger
+    finally:
+        _LEDGER.reset(token)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigurationError, SummarizerError
 from ..tokens import TokenCounter
-from .base import SummaryInput, SummaryPiece, SummaryResult
+from .base import SummaryInput, SummaryPiece, SummaryResult, record_spend
 
 if TYPE_CHECKING:
     from ..settings import SummarizerSettings
@@ -394,7 +394,10 @@ class LiteLLMSummarizer:
         completion_tokens = _as_int(getattr(usage, "completion_tokens", 0))
         tally.prompt_tokens += prompt_tokens
         tally.completion_tokens += completion_tokens
-        tally.cost += self._cost(litellm, response, prompt_tokens, completion_tokens)
+        cost = self._cost(litellm, response, prompt_tokens, completion_tokens)
+        tally.cost += cost
+        # Billed now, whatever happens to the answer: counted even if it is rejected later.
+        record_spend(self.model, prompt_tokens, completion_tokens, cost)
         return self._bound(self._answer_text(response), target)
 
     def _answer_text(self, response: Any) -> str:
