@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import re
@@ -69,3 +70,14 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+class WarningCounter(logging.Handler):
+    """Counts warnings logged while it is attached (the summariser's fallbacks, say)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1

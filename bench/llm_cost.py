@@ -39,7 +39,7 @@ from typing import Any
 # Before litellm is imported anywhere: use its bundled price map, never fetch one.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from bench._common import REPO, git_revision, log, machine, table, update_section
+from bench._common import REPO, WarningCounter, git_revision, log, machine, table, update_section
 from bench.retention.data import TURN_SECONDS, Meeting, load_meeting, meeting_paths
 from tests.openai_server import OpenAIServer, Reply
 from tiered_history import HistoryCompressor, Settings, SummaryInput
@@ -228,15 +228,6 @@ class Run:
         self.recorded.add(other.recorded)
 
 
-class _WarningCounter(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1
-
-
 def price(prompt_tokens: int, completion_tokens: int, model: str = MODEL) -> float:
     """USD for this usage at litellm's list price for ``model``."""
     import litellm  # slow import: only when pricing
@@ -290,7 +281,7 @@ async def replay_ours(meeting: Meeting, budget: int, llm: LocalLLM, maintain_eve
     started = time.perf_counter()
     settings = settings_for(budget, llm.url)
     run = Run(OURS, budget, messages=len(meeting.turns))
-    warn = _WarningCounter()
+    warn = WarningCounter()
     logging.getLogger("tiered_history").addHandler(warn)
     h = HistoryCompressor("memory://", settings=settings)
     try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._common import WarningCounter
 from tiered_history import CompressedContext, HistoryCompressor
 from tiered_history.tokens import TokenCounter
 
@@ -71,15 +72,6 @@ class MeetingResult:
     dropped_queries: int
     budgets: dict[int, BudgetResult]
     fallback_warnings: int
-
-
-class _WarningCounter(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1
 
 
 def _scores(meeting: Meeting, words: set[str]) -> list[float]:
@@ -147,7 +139,7 @@ def _tiers(
 async def run_meeting_async(path: Path, budgets: Sequence[int]) -> MeetingResult:
     meeting = load_meeting(path)
     counter = TokenCounter()
-    warn = _WarningCounter()
+    warn = WarningCounter()
     logging.getLogger("tiered_history").addHandler(warn)
     framed = peers.Framed(counter, memo=True)
     costs = [framed.one("user", t.content, t.name) for t in meeting.turns]

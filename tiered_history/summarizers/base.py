@@ -72,6 +72,13 @@ class Spend:
     cost: float = 0.0
     model: str | None = None
 
+    def add(self, model: str | None, prompt_tokens: int, completion_tokens: int, cost: float) -> None:
+        self.calls += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.cost += cost
+        self.model = model or self.model
+
 
 _LEDGER: ContextVar[Spend | None] = ContextVar("tiered_history_spend", default=None)
 
@@ -84,13 +91,8 @@ def record_spend(model: str | None, prompt_tokens: int, completion_tokens: int, 
     Outside :func:`spend_ledger` it does nothing.
     """
     ledger = _LEDGER.get()
-    if ledger is None:
-        return
-    ledger.calls += 1
-    ledger.prompt_tokens += prompt_tokens
-    ledger.completion_tokens += completion_tokens
-    ledger.cost += cost
-    ledger.model = model or ledger.model
+    if ledger is not None:
+        ledger.add(model, prompt_tokens, completion_tokens, cost)
 
 
 @contextmanager

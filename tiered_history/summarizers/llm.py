@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigurationError, SummarizerError
 from ..tokens import TokenCounter
-from .base import SummaryInput, SummaryPiece, SummaryResult, record_spend
+from .base import Spend, SummaryInput, SummaryPiece, SummaryResult, record_spend
 
 if TYPE_CHECKING:
     from ..settings import SummarizerSettings
@@ -139,14 +139,6 @@ class _Block:
         return f"{self.label}: {self.body}"
 
 
-@dataclass(slots=True)
-class _Tally:
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost: float = 0.0
-
-
 def _message_block(m: SummaryInput) -> _Block:
     who = f"{m.role} ({m.name})" if m.name else m.role
     # Indent continuation lines so message text cannot fake a "[seq] role:" line.
@@ -248,7 +240,7 @@ class LiteLLMSummarizer:
             raise SummarizerError(f"target_tokens must be >= 1, got {target}")
         litellm = await _load_litellm()
         started = time.perf_counter()
-        tally = _Tally()
+        tally = Spend()
         limit = self._input_limit(litellm, target)
         # Merging needs room for at least two (bounded) summaries, or chunking never converges.
         if limit < self._overhead("merge", target, note) + 3 * target:
@@ -275,7 +267,7 @@ class LiteLLMSummarizer:
         target: int,
         note: str,
         limit: int,
-        tally: _Tally,
+        tally: Spend,
         depth: int,
     ) -> str:
         if depth > _MAX_DEPTH:
@@ -360,7 +352,7 @@ class LiteLLMSummarizer:
     # -- one model call -----------------------------------------------------------------
 
     async def _complete(
-        self, litellm: ModuleType, prompt: list[dict[str, str]], target: int, tally: _Tally
+        self, litellm: ModuleType, prompt: list[dict[str, str]], target: int, tally: Spend
     ) -> str:
         kwargs: dict[str, Any] = {
             "model": self.model,
@@ -388,14 +380,11 @@ class LiteLLMSummarizer:
                         f"summariser model {self.model!r} failed after {attempt} attempt(s): {_describe(exc)}"
                     ) from exc
                 await asyncio.sleep(min(_BACKOFF_CAP, _BACKOFF_BASE * 2 ** (attempt - 1)))
-        tally.calls += 1
         usage = getattr(response, "usage", None)
         prompt_tokens = _as_int(getattr(usage, "prompt_tokens", 0))
         completion_tokens = _as_int(getattr(usage, "completion_tokens", 0))
-        tally.prompt_tokens += prompt_tokens
-        tally.completion_tokens += completion_tokens
         cost = self._cost(litellm, response, prompt_tokens, completion_tokens)
-        tally.cost += cost
+        tally.add(self.model, prompt_tokens, completion_tokens, cost)
         # Billed now, whatever happens to the answer: counted even if it is rejected later.
         record_spend(self.model, prompt_tokens, completion_tokens, cost)
         return self._bound(self._answer_text(response), target)
