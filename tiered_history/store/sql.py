@@ -371,7 +371,7 @@ class SQLStore:
     ) -> list[Any]:
         """Read rows newest-first (``sequence <= hi``) in pages until ``token_cap`` tokens are in hand.
 
-        ``query`` is one of the prebuilt statements below: it takes ``hi`` and ``lim`` binds.
+        ``query`` is one of the prebuilt :class:`_ReadStatements`: it takes ``hi`` and ``lim`` binds.
         """
         out: list[Any] = []
         tokens = 0
