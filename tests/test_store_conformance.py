@@ -420,6 +420,24 @@ async def test_maintain_seals_a_silent_topic(db_url: str) -> None:
         assert (topic.first_sequence, topic.last_sequence, topic.sealed_reason) == (1, 3, "silence")
 
 
+async def test_one_maintain_pass_reaches_every_conversation_behind_ones_that_stay_due(db_url: str) -> None:
+    # 20 conversations whose silent open topic is only a tool call still awaiting its result:
+    # it cannot be sealed, so they stay due after every pass (and sort first, both by id and by
+    # age). One pass must still reach the conversation behind them.
+    async with compressor(db_url, silence_minutes=30) as hc:
+        for k in range(20):
+            await Feed(hc, cid=f"a-waiting-{k:02d}").add("assistant", tool_calls=[call(f"c{k}")])
+        late = Feed(hc, cid="z-late")
+        await late.topic(3, "late")
+        report = await hc.maintain(now=ts(3) + timedelta(minutes=31))
+        assert report.conversations == 21
+        assert (report.sealed, report.summarized) == (1, 1)
+        [topic] = (await hc.get_history("z-late")).topics
+        assert (topic.sealed_reason, topic.status) == ("silence", "final")
+        for k in range(20):
+            assert (await hc.get_history(f"a-waiting-{k:02d}")).topics == []
+
+
 async def test_store_saves_a_topic_summary_once_and_fences_other_workers(db_url: str) -> None:
     async with compressor(db_url) as hc:
         feed = Feed(hc)

@@ -361,8 +361,8 @@ class HistoryCompressor:
         if conversation_id is not None:
             await self._require(conversation_id)
         report = MaintenanceReport()
-        seen: set[str] = set()
         batch = 16
+        after: str | None = None  # a pass walks the conversations with work once, in id order
         while True:
             at = now or datetime.now(UTC)
             silence_before = (
@@ -378,19 +378,16 @@ class HistoryCompressor:
                 conversation_id,
                 batch,
                 self._rules.min_tokens,
+                after=after,
             )
-            fresh = [c for c in claimed if c.id not in seen]
             for state in claimed:
-                if state.id in seen:
-                    await self.store.release(
-                        self.worker_id, state.id, state.needs_maintenance, state.next_retry_at
-                    )
-            for state in fresh:
-                seen.add(state.id)
                 report.conversations += 1
                 await self._compact(state.id, at, silence_before, report)
-            if conversation_id is not None or len(claimed) < batch or not fresh:
+            if conversation_id is not None or not claimed:
                 return report
+            # Conversations that still have work (a topic that cannot be sealed yet, say) stay
+            # behind the cursor: they cannot crowd out the ones not visited yet in this pass.
+            after = claimed[-1].id  # in the database's own id order (its collation)
 
     async def _compact(
         self, cid: str, now: datetime, silence_before: datetime | None, report: MaintenanceReport

@@ -209,8 +209,14 @@ class Store(Protocol):
         conversation_id: str | None,
         limit: int,
         min_tokens: int = 0,
+        after: str | None = None,
     ) -> list[ConversationState]:
-        """Lease up to ``limit`` conversations that have work (or ``conversation_id`` only)."""
+        """Lease up to ``limit`` conversations that have work (or ``conversation_id`` only).
+
+        Candidates are taken, and returned, in id order (the database's collation), from ids
+        greater than ``after`` when it is given: a pass walks every conversation with work once
+        by passing the last id it got back.
+        """
         ...
 
     async def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:

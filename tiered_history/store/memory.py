@@ -256,12 +256,13 @@ class MemoryStore:
         conversation_id: str | None,
         limit: int,
         min_tokens: int = 0,
+        after: str | None = None,
     ) -> list[ConversationState]:
         async with self._lock:
             out = []
             for cid in sorted(self._convs) if conversation_id is None else [conversation_id]:
                 conv = self._convs.get(cid)
-                if conv is None:
+                if conv is None or (after is not None and cid <= after):
                     continue
                 st = conv.state
                 if (

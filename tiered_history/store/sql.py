@@ -509,10 +509,13 @@ class SQLStore:
         conversation_id: str | None,
         limit: int,
         min_tokens: int = 0,
+        after: str | None = None,
     ) -> list[ConversationState]:
         def run(conn: Connection) -> list[ConversationState]:
             free = sa.or_(C.c.lease_owner.is_(None), C.c.lease_expires_at < now)
             q = sa.select(C.c.id).where(free)
+            if after is not None:
+                q = q.where(C.c.id > after)
             if conversation_id is not None:
                 q = q.where(C.c.id == conversation_id)
             else:
@@ -530,7 +533,7 @@ class SQLStore:
                         ),
                     )
                 q = q.where(due)
-            q = q.order_by(C.c.updated_at).limit(limit)
+            q = q.order_by(C.c.id).limit(limit)
             if self.caps.skip_locked:
                 q = q.with_for_update(skip_locked=True)
             ids = list((conn.execute(q)).scalars())
@@ -541,7 +544,8 @@ class SQLStore:
                 .where(C.c.id.in_(ids), free)
                 .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds))
             )
-            rows = (conn.execute(sa.select(C).where(C.c.id.in_(ids), C.c.lease_owner == owner))).all()
+            leased = sa.select(C).where(C.c.id.in_(ids), C.c.lease_owner == owner).order_by(C.c.id)
+            rows = conn.execute(leased).all()
             return [to_state(r) for r in rows]
 
         return await self._tx("claiming maintenance work", run, write=True)
