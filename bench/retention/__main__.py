@@ -127,8 +127,7 @@ def render(
         "",
         "### Retention",
         "",
-        f"![retention vs budget]({Path(args.plot).name})",
-        "",
+        *([f"![retention vs budget]({Path(args.plot).name})", ""] if args.plot else []),
     ]
     lines += report.retention_tables(s, results, budgets)
     lines += ["Summary:", "", *_findings(s, results, budgets), ""]
@@ -188,8 +187,8 @@ def main(argv: list[str] | None = None) -> None:
         help=f"meetings, spread evenly over the split (default {DEFAULT_LIMIT}; 0 = all)",
     )
     p.add_argument("--budgets", default="1000,2000,4000,8000")
-    p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
-    p.add_argument("--plot", type=Path, default=Path("docs/retention.png"))
+    p.add_argument("--out", type=Path, help="update the peers section of this markdown file")
+    p.add_argument("--plot", type=Path, help="retention plot (default: retention.png beside --out)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--speed-sizes", default="1000,10000,100000")
     p.add_argument("--speed-calls", type=int, default=30)
@@ -220,15 +219,20 @@ def main(argv: list[str] | None = None) -> None:
         speed = run_sync(sizes, args.speed_calls, args.speed_seconds, args.throughput)
     s = report.summarise(results, list(budgets))
     queries = sum(r.queries for r in results)
-    report.plot(s, budgets, args.plot, f"QMSum {args.split}: {len(results)} meetings, {queries} queries")
+    plot = args.plot = args.plot or (args.out.parent / "retention.png" if args.out else None)
+    if plot is not None:
+        report.plot(s, budgets, plot, f"QMSum {args.split}: {len(results)} meetings, {queries} queries")
     md = render(args, results, speed, time.perf_counter() - started, start_machine)
+    if args.out is None:  # like the other benchmarks: print unless told where to write
+        print(md)
+        return
     if args.out.exists():
         update_section(args.out, SECTION, md)
     else:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         block = f"<!-- {SECTION}:begin -->\n{md.rstrip()}\n<!-- {SECTION}:end -->\n"
         args.out.write_text(f"# Benchmarks against peers\n\n{block}", encoding="utf-8")
-    log(f"wrote {args.out} and {args.plot} in {time.perf_counter() - started:.0f}s")
+    log(f"wrote {args.out}{f' and {plot}' if plot else ''} in {time.perf_counter() - started:.0f}s")
 
 
 if __name__ == "__main__":
