@@ -144,7 +144,9 @@ class Settings(BaseSettings):
         env_values = _env_values()
         merged = _deep_merge(_deep_merge(file_values, env_values), overrides)
         try:
-            # Environment values were merged above; stop pydantic-settings reading them again.
+            # Environment values were merged above, key by key, so that a nested variable
+            # combines with the file's section; pydantic-settings also reads them here, but
+            # the merged values passed in take precedence.
             return cls.model_validate(merged)
         except ValidationError as exc:
             raise ConfigurationError(describe_validation_error(exc)) from None
