@@ -523,9 +523,10 @@ class HistoryCompressor:
                     result = await self._call(self.summarizer.summarize(inputs, cap))
                     error = self._acceptable(result.text, cap)
                     if error is None:
-                        write = self._write("topic", result.text.strip(), "final", *args, result=result)
+                        text = result.text.strip()
+                        write = self._write("topic", text, "final", *args, result=result, spent=spent)
                         if write.token_count < source:
-                            return _charged(write, spent)
+                            return write
                         error = (
                             f"summary ({write.token_count} tokens) is not smaller than its source ({source})"
                         )
