@@ -115,31 +115,14 @@ def _client_main(
 
 
 def _worker_main(url: str, stop: Any, out: str) -> None:
+    from tests._procs import CountingMaintainer
     from tiered_history import HistoryCompressor
     from tiered_history.scheduler import run_worker
-
-    class Counting:
-        def __init__(self, hc: HistoryCompressor) -> None:
-            self.hc = hc
-            self.totals = {"passes": 0, "summarized": 0, "merged": 0, "dropped": 0, "lease_lost": 0}
-            self.errors: list[str] = []
-
-        async def maintain(self, conversation_id: str | None = None, now: Any = None) -> Any:
-            try:
-                report = await self.hc.maintain(conversation_id, now)
-            except Exception as exc:
-                self.errors.append(repr(exc))
-                raise
-            self.totals["passes"] += 1
-            for key in ("summarized", "merged", "dropped", "lease_lost"):
-                self.totals[key] += getattr(report, key)
-            self.errors.extend(report.errors)
-            return report
 
     async def main() -> dict[str, Any]:
         logging.basicConfig(level=logging.ERROR)
         async with HistoryCompressor(url, **_settings()) as hc:
-            counting = Counting(hc)
+            counting = CountingMaintainer(hc)
             done = asyncio.Event()
 
             async def bridge() -> None:

@@ -24,7 +24,6 @@ import logging
 import multiprocessing
 import os
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ import pytest
 from tiered_history import HistoryCompressor, Settings
 from tiered_history.scheduler import run_worker
 
+from ._procs import CountingMaintainer, join_all
 from .test_crash import check_context, check_invariants, maintain_until_quiet
 
 pytestmark = pytest.mark.slow
@@ -59,33 +59,12 @@ class _Errors(logging.Handler):
         self.messages.append(f"{record.name}: {record.getMessage()}")
 
 
-class _Counting:
-    """Wraps the compressor given to ``run_worker`` and adds up its reports."""
-
-    def __init__(self, hc: HistoryCompressor) -> None:
-        self.hc = hc
-        self.totals = {"passes": 0, "summarized": 0, "merged": 0, "dropped": 0, "lease_lost": 0}
-        self.errors: list[str] = []
-
-    async def maintain(self, conversation_id: str | None = None, now: Any = None) -> Any:
-        try:
-            report = await self.hc.maintain(conversation_id, now)
-        except Exception as exc:
-            self.errors.append(repr(exc))
-            raise
-        self.totals["passes"] += 1
-        for key in ("summarized", "merged", "dropped", "lease_lost"):
-            self.totals[key] += getattr(report, key)
-        self.errors.extend(report.errors)
-        return report
-
-
 def _worker_main(url: str, stop: Any, result_path: str) -> None:
     async def main() -> dict[str, Any]:
         logged = _Errors()
         logging.getLogger("tiered_history").addHandler(logged)
         async with HistoryCompressor(url, settings=Settings.load(**SETTINGS)) as hc:
-            counting = _Counting(hc)
+            counting = CountingMaintainer(hc)
             done = asyncio.Event()
 
             async def bridge() -> None:
@@ -127,18 +106,6 @@ def _writer_main(url: str, w: int, count: int, go: Any, result_path: str) -> Non
     Path(result_path).write_text(json.dumps(asyncio.run(main())))
 
 
-def _join(procs: Sequence[Any], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(deadline - time.monotonic(), 0.1))
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-        p.join(5)
-    assert not alive, f"{len(alive)} child processes did not finish in {timeout} s"
-    assert [p.exitcode for p in procs] == [0] * len(procs), "a child process failed (see its stderr)"
-
-
 async def _run(url: str, tmp_path: Path, *, writers: int, per_writer: int, workers: int) -> None:
     per_writer = max(int(per_writer * SCALE), 20)
     stop, go = SPAWN.Event(), SPAWN.Event()
@@ -156,7 +123,7 @@ async def _run(url: str, tmp_path: Path, *, writers: int, per_writer: int, worke
         try:
             await asyncio.sleep(0.5)
             go.set()  # writers start together once booted (each waits for the event)
-            _join(writer_procs, 240)
+            join_all(writer_procs, 240)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 [st] = await hc.stats(CID)
@@ -166,7 +133,7 @@ async def _run(url: str, tmp_path: Path, *, writers: int, per_writer: int, worke
         finally:
             stop.set()
             go.set()
-            _join(worker_procs, 60)
+            join_all(worker_procs, 60)
 
         wrote = [json.loads((tmp_path / f"writer{w}.json").read_text()) for w in range(writers)]
         for r in wrote:

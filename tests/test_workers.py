@@ -24,6 +24,8 @@ from tiered_history.scheduler import BackgroundMaintenance, run_worker
 from tiered_history.settings import Settings
 from tiered_history.summarizers.base import SummaryInput, SummaryPiece, SummaryResult
 
+from ._procs import join_all
+
 pytestmark = pytest.mark.slow
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -236,18 +238,6 @@ async def maintain_until_quiet(hc: HistoryCompressor, limit: int = 20) -> list[M
         if not (r.sealed or r.summarized or r.merged or r.dropped or r.conversations):
             return reports
     raise AssertionError(f"maintain() never went quiet: {reports[-3:]}")
-
-
-def join_all(procs: Sequence[Any], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(deadline - time.monotonic(), 0.1))
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-        p.join(5)
-    assert not alive, f"{len(alive)} child processes did not finish in {timeout} s"
-    assert [p.exitcode for p in procs] == [0] * len(procs), "a child process failed (see its stderr)"
 
 
 # -- (a) many workers, many writers ---------------------------------------------------------
