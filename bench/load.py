@@ -115,24 +115,14 @@ def _client_main(
 
 
 def _worker_main(url: str, stop: Any, out: str) -> None:
-    from tests._procs import CountingMaintainer
+    from tests._procs import CountingMaintainer, run_worker_until
     from tiered_history import HistoryCompressor
-    from tiered_history.scheduler import run_worker
 
     async def main() -> dict[str, Any]:
         logging.basicConfig(level=logging.ERROR)
         async with HistoryCompressor(url, **_settings()) as hc:
             counting = CountingMaintainer(hc)
-            done = asyncio.Event()
-
-            async def bridge() -> None:
-                while not stop.is_set():
-                    await asyncio.sleep(0.05)
-                done.set()
-
-            watcher = asyncio.create_task(bridge())
-            await run_worker(counting, 0.5, done)  # type: ignore[arg-type]
-            await watcher
+            await run_worker_until(counting, 0.5, stop)
         return {**counting.totals, "errors": counting.errors}
 
     Path(out).write_text(json.dumps(asyncio.run(main())))

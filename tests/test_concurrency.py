@@ -30,10 +30,9 @@ from typing import Any
 import pytest
 
 from tiered_history import HistoryCompressor, Settings
-from tiered_history.scheduler import run_worker
 
-from ._procs import CountingMaintainer, join_all
-from .test_crash import check_context, check_invariants, maintain_until_quiet
+from ._procs import CountingMaintainer, join_all, maintain_until_quiet, run_worker_until
+from .test_crash import check_context, check_invariants
 
 pytestmark = pytest.mark.slow
 
@@ -65,16 +64,7 @@ def _worker_main(url: str, stop: Any, result_path: str) -> None:
         logging.getLogger("tiered_history").addHandler(logged)
         async with HistoryCompressor(url, settings=Settings.load(**SETTINGS)) as hc:
             counting = CountingMaintainer(hc)
-            done = asyncio.Event()
-
-            async def bridge() -> None:
-                while not stop.is_set():
-                    await asyncio.sleep(0.05)
-                done.set()
-
-            watcher = asyncio.create_task(bridge())
-            await run_worker(counting, 0.05, done)  # type: ignore[arg-type]
-            await watcher
+            await run_worker_until(counting, 0.05, stop)
         return {**counting.totals, "errors": counting.errors, "logged": logged.messages}
 
     Path(result_path).write_text(json.dumps(asyncio.run(main())))

@@ -17,14 +17,15 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tiered_history import HistoryCompressor, MaintenanceReport, Settings
+from tiered_history import HistoryCompressor, Settings
 from tiered_history.summarizers.base import SummaryInput, SummaryPiece, SummaryResult
+
+from ._procs import maintain_until_quiet, wait_out_leases
 
 pytestmark = pytest.mark.slow
 
@@ -114,25 +115,6 @@ def check_context(ctx: Any, budget: int) -> None:
     everything = [*covered, *shown]
     dupes = [q for q, n in Counter(everything).items() if n > 1 and q not in pinned]
     assert not dupes, f"sequences represented twice in one context: {dupes[:10]}"
-
-
-async def maintain_until_quiet(hc: HistoryCompressor, limit: int = 30) -> list[MaintenanceReport]:
-    reports = []
-    for _ in range(limit):
-        r = await hc.maintain()
-        reports.append(r)
-        assert not r.errors, r.errors
-        if not (r.sealed or r.summarized or r.merged or r.dropped or r.conversations):
-            return reports
-    raise AssertionError(f"maintain() never went quiet: {reports[-3:]}")
-
-
-async def wait_out_leases(hc: HistoryCompressor, cids: Sequence[str]) -> None:
-    for cid in cids:
-        state = await hc.store.state(cid)
-        if state is not None and state.lease_expires_at is not None:
-            delay = (state.lease_expires_at - datetime.now(UTC)).total_seconds()
-            await asyncio.sleep(max(delay, 0) + 0.2)
 
 
 async def wait_for_file(path: Path, proc: Any, timeout: float = 60) -> None:

@@ -24,7 +24,7 @@ from tiered_history.scheduler import BackgroundMaintenance, run_worker
 from tiered_history.settings import Settings
 from tiered_history.summarizers.base import SummaryInput, SummaryPiece, SummaryResult
 
-from ._procs import join_all
+from ._procs import join_all, maintain_until_quiet, run_worker_until, wait_out_leases
 
 pytestmark = pytest.mark.slow
 
@@ -98,16 +98,7 @@ def _worker_main(url: str, stop: Any, result_path: str) -> None:
         errors = _watch_errors()
         hc = HistoryCompressor(url, **CONCURRENT_SETTINGS)
         rec = _Recorder(hc)
-        done = asyncio.Event()
-
-        async def bridge() -> None:
-            while not stop.is_set():
-                await asyncio.sleep(0.02)
-            done.set()
-
-        watcher = asyncio.create_task(bridge())
-        await run_worker(cast(Any, rec), 0.05, done)
-        await watcher
+        await run_worker_until(rec, 0.05, stop, poll=0.02)
         await hc.close()
         return {**_totals(rec.reports), "exceptions": rec.exceptions, "logged": errors.messages}
 
@@ -229,17 +220,6 @@ async def check_consistent(hc: HistoryCompressor, cid: str) -> dict[str, int]:
     }
 
 
-async def maintain_until_quiet(hc: HistoryCompressor, limit: int = 20) -> list[MaintenanceReport]:
-    reports = []
-    for _ in range(limit):
-        r = await hc.maintain()
-        reports.append(r)
-        assert not r.errors, r.errors
-        if not (r.sealed or r.summarized or r.merged or r.dropped or r.conversations):
-            return reports
-    raise AssertionError(f"maintain() never went quiet: {reports[-3:]}")
-
-
 # -- (a) many workers, many writers ---------------------------------------------------------
 
 
@@ -291,7 +271,7 @@ async def _many_workers(
             assert r["exceptions"] == [] and r["errors"] == [] and r["logged"] == [], r
             assert r["lease_lost"] == 0, "a lease was lost although it never expired"
         assert sum(r["summarized"] for r in results) > 0, "the workers did no work"
-        parent = _totals(await maintain_until_quiet(hc))
+        parent = _totals(await maintain_until_quiet(hc, limit=20))
 
         sent = [
             tuple(x) for w in range(writers) for x in json.loads((tmp_path / f"writer{w}.json").read_text())
@@ -350,15 +330,6 @@ async def _wait_for(path: Path, proc: Any, timeout: float = 20) -> str:
     return path.read_text()
 
 
-async def _wait_out_leases(hc: HistoryCompressor, convs: Sequence[str]) -> None:
-    for cid in convs:
-        state = await hc.store.state(cid)
-        assert state is not None
-        if state.lease_expires_at is not None:
-            delay = (state.lease_expires_at - datetime.now(UTC)).total_seconds()
-            await asyncio.sleep(max(delay, 0) + 0.2)
-
-
 def _lease_compressor(url: str) -> HistoryCompressor:
     return HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS))
 
@@ -387,10 +358,10 @@ async def test_killed_worker_lease_is_taken_over(sql_url: str, tmp_path: Path) -
                 pending = [t.status for cid in convs for t in (await hc.get_history(cid)).topics]
                 assert pending == ["pending", "pending"]
 
-            await _wait_out_leases(hc, convs)
+            await wait_out_leases(hc, convs)
             report = await hc.maintain()
             assert report.conversations == 2 and report.summarized == 2 and not report.errors
-            await maintain_until_quiet(hc)
+            await maintain_until_quiet(hc, limit=20)
             for cid in convs:
                 h = await hc.get_history(cid)
                 assert len(h.messages) == 5
@@ -413,7 +384,7 @@ async def test_stalled_worker_cannot_write_after_takeover(sql_url: str, tmp_path
             convs = await _pending_topics(hc)
             paths["go"].touch()
             await _wait_for(paths["marker"], child)
-            await _wait_out_leases(hc, convs)
+            await wait_out_leases(hc, convs)
             report = await hc.maintain()
             assert report.summarized == 2 and not report.errors
             paths["release"].touch()  # the stalled worker now finishes its summary and tries to save it
@@ -421,7 +392,7 @@ async def test_stalled_worker_cannot_write_after_takeover(sql_url: str, tmp_path
             zombie = json.loads(paths["result"].read_text())
             assert zombie["summarized"] == 0 and zombie["merged"] == 0, "a fenced-off worker wrote"
             assert zombie["lease_lost"] >= 1
-            await maintain_until_quiet(hc)
+            await maintain_until_quiet(hc, limit=20)
             for cid in convs:
                 [t] = (await hc.get_history(cid)).topics
                 assert (t.status, t.attempts, t.summarizer) == ("final", 1, "extractive")
