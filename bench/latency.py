@@ -44,6 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from bench._common import REPO, git_revision, log, machine, percentile, table, update_section
 from tiered_history import HistoryCompressor, SyncHistoryCompressor
 from tiered_history.core.boundaries import OpenTopic
+from tiered_history.store.rows import message_row
 from tiered_history.store.schema import conversation_history as H
 from tiered_history.store.schema import conversations as C
 
@@ -209,26 +210,7 @@ async def bulk_fill(h: HistoryCompressor, cid: str, msgs: list[Msg]) -> None:
             topic_start, open_tokens, open_msgs, full_sum = seq + 1, 0, 0, 0
         seq += 1
         first_ts.setdefault(seq, m.timestamp)
-        rows.append(
-            dict(
-                conversation_id=cid,
-                platform=None,
-                tier="message",
-                content=m.content,
-                token_count=prepared.token_count,
-                full_token_count=prepared.full_token_count,
-                context_content=prepared.context_content,
-                sequence=seq,
-                created_at=m.timestamp,
-                role=m.role,
-                name=None,
-                tool_calls=None,
-                tool_call_id=None,
-                pinned=False,
-                meta=None,
-                stored_at=now,
-            )
-        )
+        rows.append(message_row(cid, None, prepared, seq, now))
         open_tokens += prepared.token_count
         open_msgs += 1
         full_sum += prepared.full_token_count

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Row
 
 from ..models import StoredMessage, Summary
-from .base import ConversationState
+from .base import ConversationState, PreparedMessage
 from .schema import conversation_history as H
 
 
@@ -29,6 +30,31 @@ SUMMARY_COLUMNS = _columns(Summary, {"created_at": "stored_at"})
 _PINNED = [c.name for c in MESSAGE_COLUMNS].index("pinned")
 _META = [c.name for c in MESSAGE_COLUMNS].index("meta")
 _RENDERED = [c.name for c in SUMMARY_COLUMNS].index("rendered")
+
+
+def message_row(
+    conversation_id: str, platform: str | None, prepared: PreparedMessage, sequence: int, now: datetime
+) -> dict[str, Any]:
+    """The ``conversation_history`` values of one message (what ``append`` inserts)."""
+    m = prepared.message
+    return {
+        "conversation_id": conversation_id,
+        "platform": platform,
+        "tier": "message",
+        "content": m.content,
+        "token_count": prepared.token_count,
+        "full_token_count": prepared.full_token_count,
+        "context_content": prepared.context_content,
+        "sequence": sequence,
+        "created_at": m.timestamp,
+        "role": m.role,
+        "name": m.name,
+        "tool_calls": m.tool_calls,
+        "tool_call_id": m.tool_call_id,
+        "pinned": m.pinned,
+        "meta": m.metadata or None,
+        "stored_at": now,
+    }
 
 
 def to_state(r: Row[Any]) -> ConversationState:

@@ -32,7 +32,7 @@ from .base import (
     newest_window,
 )
 from .dialect import Capabilities, capabilities, create_engine, prepare_engine, translate
-from .rows import MESSAGE_COLUMNS, SUMMARY_COLUMNS, to_message, to_state, to_summary
+from .rows import MESSAGE_COLUMNS, SUMMARY_COLUMNS, message_row, to_message, to_state, to_summary
 from .schema import conversation_history as H
 from .schema import conversations as C
 
@@ -205,26 +205,8 @@ class SQLStore:
                     after.open_topic_messages,
                 )
             seq = state.last_sequence + 1
-            conn.execute(
-                sa.insert(H).values(
-                    conversation_id=conversation_id,
-                    platform=platform or state.platform,
-                    tier="message",
-                    content=m.content,
-                    token_count=prepared.token_count,
-                    full_token_count=prepared.full_token_count,
-                    context_content=prepared.context_content,
-                    sequence=seq,
-                    created_at=m.timestamp,
-                    role=m.role,
-                    name=m.name,
-                    tool_calls=m.tool_calls,
-                    tool_call_id=m.tool_call_id,
-                    pinned=m.pinned,
-                    meta=m.metadata or None,
-                    stored_at=now,
-                )
-            )
+            row = message_row(conversation_id, platform or state.platform, prepared, seq, now)
+            conn.execute(sa.insert(H).values(**row))
             if m.tool_calls:
                 open_calls = [str(c["id"]) for c in m.tool_calls]
             elif m.role == "tool":
