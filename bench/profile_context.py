@@ -36,7 +36,6 @@ from sqlalchemy import event
 from bench._common import git_revision, machine
 from bench.latency import MAX_TOKENS, bulk_fill, generate, make_database
 from tiered_history import HistoryCompressor
-from tiered_history.core.assembly import assemble
 
 
 async def median_ms(fn: Callable[[], Awaitable[Any]], calls: int, warmup: int = 20) -> float:
@@ -129,18 +128,7 @@ async def profile(url: str, args: argparse.Namespace) -> None:
     rows = await store.read_context(cid, MAX_TOKENS)
 
     def do_assemble() -> Any:
-        return assemble(
-            conversation_id=cid,
-            max_tokens=MAX_TOKENS,
-            shares=h._shares,
-            counter=h.counter,
-            pinned=rows.pinned,
-            verbatim=rows.verbatim,
-            topics=[t for t in rows.topics if t.rendered],
-            archives=[a for a in rows.archives if a.rendered],
-            newest_sequence=rows.state.last_sequence or None,
-            uncovered_total=rows.state.last_sequence - rows.state.summarized_upto,
-        )
+        return h._assemble(cid, MAX_TOKENS, rows)  # the pure assembly get_context runs
 
     asm = sync_median_ms(do_assemble, n)
     loop = asyncio.get_running_loop()
