@@ -19,19 +19,17 @@ import asyncio
 import json
 import logging
 import multiprocessing
-import os
 import random
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from bench._common import git_revision, log, machine, percentile, table
+from bench.latency import make_database
 
 SPAWN = multiprocessing.get_context("spawn")
-PG_ADMIN_URL = os.environ.get("TIERED_HISTORY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 MAX_TOKENS = 4000
 
 _VOCABULARY = (
@@ -131,20 +129,6 @@ def _worker_main(url: str, stop: Any, out: str) -> None:
 # -- orchestration ------------------------------------------------------------------------------
 
 
-def _create_pg_database() -> tuple[str, Any]:
-    import psycopg
-
-    name = f"th_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}", drop
-
-
 async def _stored_counts(url: str) -> dict[str, tuple[int, int]]:
     """Messages per conversation: (rows stored, last sequence)."""
     from tiered_history import HistoryCompressor
@@ -164,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
     if args.url:
         url = args.url
     elif args.backend == "postgresql":
-        url, drop = _create_pg_database()
+        db = make_database("postgresql", tmp)
+        url, drop = db.url, db.cleanup
     else:
         url = f"sqlite:///{tmp / 'load.db'}"
     try:
