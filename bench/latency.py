@@ -39,14 +39,12 @@ if __package__ in (None, ""):  # run as ``python bench/latency.py``
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench._common import REPO, git_revision, log, machine, percentile, table, update_section
 from tiered_history import HistoryCompressor, SyncHistoryCompressor
-from tiered_history.core.boundaries import OpenTopic
-from tiered_history.store.rows import message_row
-from tiered_history.store.schema import conversation_history as H
 from tiered_history.store.schema import conversations as C
+from tiered_history.store.schema import messages as M
+from tiered_history.store.schema import summaries as S
 
 PG_ADMIN_URL = os.environ.get("TIERED_HISTORY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 MAX_TOKENS = 8000
@@ -171,84 +169,11 @@ def _chunks(items: list[dict[str, Any]], size: int) -> Iterator[list[dict[str, A
 
 
 async def bulk_fill(h: HistoryCompressor, cid: str, msgs: list[Msg]) -> None:
-    """Insert ``msgs`` as ``add_message`` would, in a few large transactions."""
-    now = datetime.now(UTC)
-    rows: list[dict[str, Any]] = []
-    topics: list[dict[str, Any]] = []
-    seq = 0
-    topic_start, open_tokens, open_msgs, last_ts = 1, 0, 0, None
-    first_ts: dict[int, datetime] = {}
-    full_sum = 0
-
-    def seal(reason: str, upto: int) -> None:
-        topics.append(
-            dict(
-                conversation_id=cid,
-                platform=None,
-                tier="topic",
-                content="",
-                token_count=0,
-                sequence=len(topics) + 1,
-                created_at=now,
-                sealed_at=now,
-                status="pending",
-                sealed_reason=reason,
-                first_sequence=topic_start,
-                last_sequence=upto,
-                started_at=first_ts[topic_start],
-                ended_at=rows[upto - 1]["created_at"],
-                source_tokens=full_sum,
-                stored_at=now,
-            )
-        )
-
-    for m in msgs:
-        prepared = h.prepare(m.as_dict())
-        reason = h._policy(OpenTopic(open_msgs, open_tokens, last_ts, False), prepared)
-        if reason is not None:
-            seal(reason, seq)
-            topic_start, open_tokens, open_msgs, full_sum = seq + 1, 0, 0, 0
-        seq += 1
-        first_ts.setdefault(seq, m.timestamp)
-        rows.append(message_row(cid, None, prepared, seq, now))
-        open_tokens += prepared.token_count
-        open_msgs += 1
-        full_sum += prepared.full_token_count
-        last_ts = m.timestamp if last_ts is None or m.timestamp > last_ts else last_ts
-    conv = dict(
-        id=cid,
-        platform=None,
-        encoding=h.counter.encoding_name,
-        created_at=now,
-        updated_at=now,
-        last_sequence=seq,
-        last_message_at=last_ts,
-        topic_start_seq=topic_start,
-        open_topic_tokens=open_tokens,
-        open_topic_messages=open_msgs,
-        open_tool_calls=None,
-        last_clean_seq=seq,
-        topic_count=len(topics),
-        bulk_count=0,
-        summarized_upto=0,
-        pinned_count=0,
-        needs_maintenance=bool(topics),
-    )
-    batches: list[tuple[Any, list[dict[str, Any]]]] = [(sa.insert(C), [conv])]
-    batches += [(sa.insert(H), chunk) for chunk in _chunks(rows, 5000)]
-    batches += [(sa.insert(H), chunk) for chunk in _chunks(topics, 5000)]
-    engine = h.store.engine  # type: ignore[attr-defined]
-    if isinstance(engine, AsyncEngine):
-        for stmt, chunk in batches:
-            async with engine.begin() as aconn:
-                await aconn.execute(stmt, chunk)
-    else:  # a store built on a blocking Engine (and a thread pool)
-        for stmt, chunk in batches:
-            with engine.begin() as conn:
-                conn.execute(stmt, chunk)
-
-
-# -- measuring ---------------------------------------------------------------------------------------
+    """Insert ``msgs`` exactly as ``add_message`` would (the same rows, seals and state), in
+    batches of ``add_messages`` (one transaction each)."""
+    batch = 2000
+    for i in range(0, len(msgs), batch):
+        await h.add_messages(cid, [m.as_dict() for m in msgs[i : i + batch]])
 
 
 def summarize_ms(samples: list[float]) -> dict[str, float]:
@@ -303,18 +228,16 @@ def copy_rows(src_url: str, dst_url: str) -> None:
     dst = sa.create_engine(dst_url.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
         with src.connect() as s, dst.begin() as d:
-            d.execute(sa.insert(C), [dict(r._mapping) for r in s.execute(sa.select(C))])
-            # Archives are written after the topics they absorb: insert unmerged rows first (FK order).
-            for cond in (H.c.merged_into.is_(None), H.c.merged_into.is_not(None)):
-                rows = [dict(r._mapping) for r in s.execute(sa.select(H).where(cond).order_by(H.c.id))]
+            for table, key in ((C, "key"), (S, "id"), (M, "id")):
+                rows = [dict(r._mapping) for r in s.execute(sa.select(table).order_by(table.c[key]))]
                 for chunk in _chunks(rows, 5000):
-                    d.execute(sa.insert(H), chunk)
-            d.execute(
-                sa.text(
-                    "SELECT setval(pg_get_serial_sequence('conversation_history', 'id'), "
-                    "(SELECT max(id) FROM conversation_history))"
+                    d.execute(sa.insert(table), chunk)
+                d.execute(
+                    sa.text(
+                        f"SELECT setval(pg_get_serial_sequence('{table.name}', '{key}'), "
+                        f"(SELECT max({key}) FROM {table.name}))"
+                    )
                 )
-            )
     finally:
         src.dispose()
         dst.dispose()

@@ -7,6 +7,7 @@ import os
 from alembic import context
 from sqlalchemy import Connection
 
+from tiered_history.store.migrate import include_name
 from tiered_history.store.schema import metadata
 
 config = context.config
@@ -20,6 +21,7 @@ def _run(connection: Connection) -> None:
         # SQLite cannot ALTER most things: batch mode rebuilds tables instead.
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_name=include_name,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -201,7 +201,7 @@ async def test_unusual_ids_are_accepted_and_isolated(hc: HistoryCompressor, raw:
     assert [m.content for m in h.messages] == [f"mine {tag}", f"also mine {tag}"]
     assert all(m.conversation_id == cid for m in h.messages)
     found = await hc.search(cid, tag)
-    assert [m.sequence for m in found] == [2, 1]
+    assert sorted(m.sequence for m in found) == [1, 2]  # ranked by BM25 (issue 13): order by relevance
     ctx = await hc.get_context(cid, 1000)
     assert [m.content for m in ctx.current_topic] == [f"mine {tag}", f"also mine {tag}"]
     [st] = await hc.stats(cid)
@@ -230,7 +230,6 @@ async def test_search_text_with_like_wildcards_matches_literally(hc: HistoryComp
 
 BAD_MESSAGES: list[tuple[str, Any, str]] = [
     ("unknown-role", {"role": "robot", "content": "beep"}, r"invalid message \(role\)"),
-    ("developer-role", {"role": "developer", "content": "hi"}, r"invalid message \(role\)"),
     ("missing-role", {"content": "hi"}, r"invalid message \(role\): Field required"),
     ("empty-content", {"role": "user", "content": ""}, "content must not be empty"),
     ("no-content", {"role": "assistant"}, "content must not be empty"),
@@ -248,7 +247,6 @@ BAD_MESSAGES: list[tuple[str, Any, str]] = [
         {"role": "user", "content": "hi", "timestamp": "yesterday"},
         r"invalid message \(timestamp\)",
     ),
-    ("unknown-field", {"role": "user", "content": "hi", "colour": "red"}, r"\(colour\)"),
     ("bad-name", {"role": "user", "content": "hi", "name": "has spaces"}, "OpenAI's rule"),
     (
         "unserialisable-metadata",
@@ -569,8 +567,10 @@ async def test_lone_surrogate_inside_json_fields_is_rejected(hc: HistoryCompress
 
 
 async def test_nul_in_tool_call_id_is_rejected_before_storing(hc: HistoryCompressor) -> None:
+    # Rejected at the call (issue 16's validation): stored, it could never be answered.
     cid = await existing(hc)
-    await hc.add_message(cid, {"role": "assistant", "content": "", "tool_calls": [call("c\x00")]})
+    caller = {"role": "assistant", "content": "", "tool_calls": [call("c\x00")]}
+    await assert_rejected(hc, cid, lambda: hc.add_message(cid, caller), InvalidMessageError, "NUL")
     result = {"role": "tool", "content": "r", "tool_call_id": "c\x00"}
     await assert_rejected(hc, cid, lambda: hc.add_message(cid, result), InvalidMessageError, "NUL")
 

@@ -68,7 +68,6 @@ def at(minutes: float) -> datetime:
         "let‘s move on",  # U+2018
         "letʼs move on",  # U+02BC modifier letter apostrophe
         "lets move on",
-        "Anyway, what time is it?",
         "unrelated, but how do I boil an egg?",
         "On another note\nwhat's the weather?",
         "so...(new topic) cooking",
@@ -132,8 +131,9 @@ def test_phrase_in_assistant_message_does_not_seal_by_default() -> None:
     content = "New topic: let me tell you about dogs."
     assert decide(RULES, topic(), "assistant", content, at(1), 10) is None
     assert decide(RULES, topic(), "system", content, at(1), 10) is None
+    # Issue 14: a phrase in an assistant message never triggers, whatever trigger_roles say.
     with_assistant = replace(RULES, trigger_roles=("user", "assistant"))
-    assert decide(with_assistant, topic(), "assistant", content, at(1), 10) == EXPLICIT
+    assert decide(with_assistant, topic(), "assistant", content, at(1), 10) is None
 
 
 def test_custom_phrases_in_another_language() -> None:
@@ -301,19 +301,16 @@ async def test_first_message_with_the_phrase_seals_nothing(hc: HistoryCompressor
 
 
 async def test_custom_phrases_and_roles_via_settings(url: str) -> None:
-    async with HistoryCompressor(
-        url, boundaries={"trigger_phrases": ["nuevo tema"], "trigger_roles": ["user", "assistant"]}
-    ) as hc:
+    # No default language: only the phrases given count. Assistant messages never trigger (issue 14).
+    boundaries = {"languages": [], "trigger_phrases": ["nuevo tema"], "trigger_roles": ["user", "assistant"]}
+    async with HistoryCompressor(url, boundaries=boundaries) as hc:
         await hc.add_message("c", msg("user", "hola", 0))
         await hc.add_message("c", msg("user", "new topic: ignored now", 1))
         await hc.add_message("c", msg("user", "Nuevo tema: ¿fútbol?", 2))
         await hc.add_message("c", msg("assistant", "Vale, nuevo tema entonces", 3))
         h = await hc.get_history("c")
-        assert [(t.first_sequence, t.last_sequence, t.sealed_reason) for t in h.topics] == [
-            (1, 2, EXPLICIT),
-            (3, 3, EXPLICIT),
-        ]
-        assert h.open_topic_start == 4
+        assert [(t.first_sequence, t.last_sequence, t.sealed_reason) for t in h.topics] == [(1, 2, EXPLICIT)]
+        assert h.open_topic_start == 3
 
 
 async def test_explicit_boundaries_disabled_via_settings(url: str) -> None:
@@ -506,3 +503,300 @@ async def test_default_gate_keeps_a_tiny_exchange_open_and_summaries_never_infla
         topics = (await hc.get_history("g")).topics
         assert [t.sealed_reason for t in topics] == [EXPLICIT]
         assert all(0 < t.token_count < t.source_tokens for t in topics)
+
+
+# == issue 14: the combined decision, unseal, properties, pluggable detectors ======================
+
+from collections.abc import Sequence  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tiered_history.core.boundaries import (  # noqa: E402
+    COHESION,
+    PROPOSAL_CONFIDENCE,
+    UNSEAL,
+    BoundaryDetector,
+    Decision,
+    Incoming,
+    Proposal,
+    Turn,
+    choose_proposal,
+)
+from tiered_history.core.cohesion import UNSEAL_MESSAGES  # noqa: E402
+from tiered_history.core.phrases import phrases_for  # noqa: E402
+
+COOKING = [
+    "How long should I boil fresh pasta for carbonara?",
+    "Fresh pasta needs two or three minutes; dried spaghetti about nine.",
+    "And the carbonara sauce: eggs, pecorino and guanciale only?",
+    "Yes: eggs, pecorino, guanciale and black pepper, tossed with the pasta.",
+    "Guanciale or pancetta for the carbonara?",
+    "Guanciale is traditional; pancetta works if you cannot find it.",
+]
+GARDEN = [
+    "My tomato seedlings wilt every afternoon on the balcony.",
+    "Wilting seedlings on a sunny balcony usually need deeper watering and afternoon shade.",
+]
+NEW_RULES = BoundaryRules(
+    explicit=True,
+    temporal=True,
+    size=True,
+    phrases=phrases_for(),
+    trigger_roles=("user",),
+    silence=SILENCE,
+    size_limit=100_000,
+    min_tokens=0,
+)
+
+
+class Convo:
+    """A tiny engine: keeps the open topic as ``add_message`` would and applies each decision."""
+
+    def __init__(self, rules: BoundaryRules = NEW_RULES) -> None:
+        self.rules = rules
+        self.start, self.messages, self.tokens = 1, 0, 0
+        self.state: str | None = None
+        self.last: datetime | None = None
+        self.cuts: list[int] = []
+        self.call_open = False
+        self.seq = 0
+
+    def topic(self) -> OpenTopic:
+        return OpenTopic(
+            messages=self.messages,
+            tokens=self.tokens,
+            last_timestamp=self.last,
+            tool_call_open=self.call_open,
+            start=self.start,
+            detector=self.state,
+            last_seal_start=self.cuts[-1] if self.cuts else None,
+        )
+
+    def add(
+        self,
+        text: str,
+        role: str = "user",
+        minutes: float | None = None,
+        reply_to: int | None = None,
+        tool_call: bool = False,
+    ) -> Decision:
+        self.seq += 1
+        ts = at(self.seq * 0.5 if minutes is None else minutes)
+        d = decide(self.rules, self.topic(), Incoming(role, text, ts, 30, tool_call, False, reply_to))
+        self.state = d.detector
+        if d.reason == UNSEAL:
+            self.start = self.cuts.pop()
+            self.messages = self.seq - self.start
+        elif d.reason is not None:
+            self.cuts.append(self.start)
+            self.start, self.messages = self.seq - d.keep, d.keep
+        self.messages += 1
+        self.tokens = 30 * self.messages
+        self.last = ts if self.last is None else max(self.last, ts)
+        if role == "assistant" and tool_call:
+            self.call_open = True
+        elif role in ("tool", "user"):
+            self.call_open = False
+        return d
+
+    def seal_outside(self) -> None:
+        """``maintain()`` or ``seal_current_topic`` sealed the open topic without asking ``decide``."""
+        self.cuts.append(self.start)
+        self.start, self.messages, self.tokens = self.seq + 1, 0, 0
+
+
+def seal_by_cohesion(c: Convo) -> None:
+    for i, text in enumerate(COOKING):
+        c.add(text, "user" if i % 2 == 0 else "assistant")
+    c.add(GARDEN[0], "user")
+    d = c.add(GARDEN[1], "assistant")
+    assert (d.reason, d.keep) == (COHESION, 1)
+    assert c.start == 7
+
+
+def test_new_contract_returns_a_decision_with_the_state_to_persist() -> None:
+    c = Convo()
+    d = c.add("How long should I boil fresh pasta?")
+    assert isinstance(d, Decision) and d.reason is None and d.keep == 0
+    assert d.detector is not None and d.detector.startswith('{"v":')
+
+
+def test_legacy_call_form_still_answers_with_the_reason_only() -> None:
+    legacy = decide(NEW_RULES, topic(), "user", "New topic: billing", at(1), 10)
+    assert legacy == EXPLICIT
+    assert decide(NEW_RULES, topic(), "user", "hello there", at(1), 10) is None
+
+
+BACK = "Back to the carbonara: how much pecorino and guanciale for four?"
+LEXICAL = replace(NEW_RULES, unseal_after_cohesion=True)
+
+
+def test_unseal_when_the_next_message_continues_the_sealed_topic() -> None:
+    c = Convo(LEXICAL)
+    seal_by_cohesion(c)
+    d = c.add(BACK, "user")
+    assert d.reason == UNSEAL
+    assert c.start == 1 and c.cuts == []
+
+
+def test_by_default_only_a_reply_undoes_a_detector_seal() -> None:
+    c = Convo()
+    seal_by_cohesion(c)
+    assert c.add(BACK, "user").reason is None
+
+
+def test_unseal_when_the_message_replies_to_a_message_before_the_seal() -> None:
+    c = Convo()
+    seal_by_cohesion(c)
+    assert c.add("thanks", "user", reply_to=3).reason == UNSEAL
+
+
+def test_a_reply_to_an_older_topic_or_to_the_open_one_does_not_unseal() -> None:
+    c = Convo()
+    seal_by_cohesion(c)
+    assert c.add("yes", "user", reply_to=7).reason is None  # the open topic itself
+    c2 = Convo()
+    seal_by_cohesion(c2)
+    assert c2.add("yes", "user", reply_to=None).reason is None
+
+
+def test_no_unseal_after_the_window_has_passed() -> None:
+    c = Convo(LEXICAL)
+    seal_by_cohesion(c)
+    for _ in range(UNSEAL_MESSAGES):
+        c.add("Wilting tomato seedlings on the balcony: more shade?", "user")
+    assert c.add("Back to the carbonara: pecorino and guanciale for four?", "user").reason is None
+
+
+def test_explicit_and_manual_seals_are_never_undone() -> None:
+    c = Convo()
+    for i, text in enumerate(COOKING):
+        c.add(text, "user" if i % 2 == 0 else "assistant")
+    assert c.add("New topic: my tomato seedlings wilt.", "user").reason == EXPLICIT
+    assert c.add("Back to the carbonara: pecorino and guanciale?", "user", reply_to=2).reason is None
+    m = Convo()
+    for i, text in enumerate(COOKING):
+        m.add(text, "user" if i % 2 == 0 else "assistant")
+    m.seal_outside()  # by hand: the next message comes within the silence
+    assert m.add("Back to the carbonara: pecorino and guanciale?", "user", reply_to=2).reason is None
+
+
+def test_a_silence_seal_made_by_maintain_is_undone_when_the_topic_goes_on() -> None:
+    c = Convo()
+    for i, text in enumerate(COOKING):
+        c.add(text, "user" if i % 2 == 0 else "assistant", minutes=i)
+    c.seal_outside()  # maintain() sealed it after 30 quiet minutes
+    d = c.add("Back to the carbonara: pecorino and guanciale for four?", "user", minutes=120)
+    assert d.reason == UNSEAL
+
+
+def test_a_trigger_phrase_never_unseals() -> None:
+    c = Convo(LEXICAL)
+    seal_by_cohesion(c)
+    d = c.add("New topic: carbonara with pecorino and guanciale for four?", "user")
+    assert d.reason != UNSEAL
+
+
+def test_unseal_can_be_disabled() -> None:
+    c = Convo(replace(LEXICAL, unseal=False))
+    seal_by_cohesion(c)
+    assert c.add(BACK, "user", reply_to=3).reason is None
+
+
+def test_size_seal_keeps_its_cut_before_the_incoming_message_when_asked() -> None:
+    r = replace(NEW_RULES, cohesion=False, size_limit=8 * 30 + 10, size_cut_at_shift=False)
+    c = Convo(r)
+    for i, text in enumerate(COOKING + GARDEN):
+        c.add(text, "user" if i % 2 == 0 else "assistant")
+    d = c.add("and how often should I water?", "user")
+    assert (d.reason, d.keep) == (SIZE, 0)
+
+
+WORDS = COOKING + GARDEN + ["", "ok", "New topic: billing", "Let's move on.", '{"temp": 21}', "why?"]
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[tuple[str, str, bool, float, int | None]]:
+    n = draw(st.integers(1, 40))
+    out = []
+    minute = 0.0
+    for i in range(n):
+        role = draw(st.sampled_from(["user", "assistant", "tool", "system"]))
+        text = draw(st.sampled_from(WORDS))
+        call = role == "assistant" and draw(st.booleans())
+        minute += draw(st.sampled_from([0.0, 0.5, 1.0, 45.0, -5.0]))
+        reply = draw(st.none() | st.integers(0, i + 1))
+        out.append((role, text, call, minute, reply))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), st.booleans())
+def test_properties_of_every_decision(
+    convo: list[tuple[str, str, bool, float, int | None]], small: bool
+) -> None:
+    rules = replace(NEW_RULES, size_limit=120 if small else 100_000, min_tokens=0)
+    c = Convo(rules)
+    kinds: list[tuple[str, bool]] = []  # per stored message: role, whether a call was open when it came
+    for role, text, call, minute, reply in convo:
+        opened = c.call_open
+        topic = c.topic()
+        again = decide(rules, topic, Incoming(role, text, at(minute), 30, call, False, reply))
+        d = c.add(text, role, minutes=minute, reply_to=reply, tool_call=call)
+        assert d == again  # deterministic
+        assert d.detector is not None and len(d.detector.encode()) <= 2048
+        if d.reason is not None and d.reason != UNSEAL:
+            assert 0 <= d.keep < topic.messages  # the sealed part is never empty
+            cut_role, cut_opened = (role, opened) if d.keep == 0 else kinds[-d.keep]
+            assert cut_role != "tool"  # never a topic opened by a tool result
+            assert not (cut_role == "assistant" and cut_opened)  # never inside an open call
+        kinds.append((role, opened))
+
+
+# -- pluggable detectors ------------------------------------------------------------------------
+
+
+class FixedDetector:
+    name = "fixed"
+    window = 8
+
+    def __init__(self, proposals: list[Proposal]) -> None:
+        self.proposals = proposals
+
+    async def propose(self, turns: Sequence[Turn]) -> Sequence[Proposal]:
+        return self.proposals
+
+
+TURNS = [
+    Turn(10 + i, role, f"message {i}", at(i), 40)
+    for i, role in enumerate(["user", "assistant", "tool", "assistant", "user", "assistant"])
+]
+OPEN = OpenTopic(
+    messages=6, tokens=240, last_timestamp=at(5), tool_call_open=False, start=10, last_seal_start=3
+)
+
+
+async def test_a_detector_class_satisfies_the_protocol() -> None:
+    det = FixedDetector([Proposal(14, 0.9)])
+    assert isinstance(det, BoundaryDetector)
+    assert list(await det.propose(TURNS)) == [Proposal(14, 0.9)]
+
+
+def test_choose_proposal_policy() -> None:
+    rules = replace(NEW_RULES, min_tokens=100)
+    assert choose_proposal([Proposal(14, 0.9)], rules, OPEN, TURNS) == Proposal(14, 0.9)
+    assert choose_proposal([Proposal(14, PROPOSAL_CONFIDENCE - 0.01)], rules, OPEN, TURNS) is None
+    assert choose_proposal([Proposal(12, 0.9)], rules, OPEN, TURNS) is None  # a tool result
+    assert choose_proposal([Proposal(10, 0.9)], rules, OPEN, TURNS) is None  # the topic's own start
+    assert choose_proposal([Proposal(11, 0.9)], rules, OPEN, TURNS) is None  # under min_tokens before it
+    assert choose_proposal([Proposal(99, 0.9)], rules, OPEN, TURNS) is None  # not in the window
+    two = choose_proposal([Proposal(14, 0.4), Proposal(14, 0.4), Proposal(15, 0.6)], rules, OPEN, TURNS)
+    assert two is not None and two.sequence == 14 and abs(two.confidence - 0.64) < 1e-9  # agreement adds up
+    tie = choose_proposal([Proposal(15, 0.8), Proposal(13, 0.8)], rules, OPEN, TURNS)
+    assert tie is not None and tie.sequence == 13  # the earliest of equals
+    merge = choose_proposal([Proposal(12, 0.7, "merge")], rules, OPEN, TURNS)
+    assert merge is not None and merge.kind == "merge"
+    no_seal = replace(OPEN, last_seal_start=None)
+    assert choose_proposal([Proposal(12, 0.7, "merge")], rules, no_seal, TURNS) is None
+    assert choose_proposal([Proposal(14, 1.5)], rules, OPEN, TURNS) is None  # out of range

@@ -33,12 +33,8 @@ def source_tokens(messages: Sequence[SummaryInput]) -> int:
 
 
 def prefixes_of(messages: Sequence[SummaryInput]) -> set[str]:
-    out = set()
-    for m in messages:
-        out.add(f"{m.role.capitalize()}: ")
-        if m.name:
-            out.add(f"{m.name}: ")
-    return out
+    # Labels come from the role; a name is quoted after it (issue 17, item 5).
+    return {f'{m.role.capitalize()} "{m.name}": ' if m.name else f"{m.role.capitalize()}: " for m in messages}
 
 
 def assert_no_invented_words(
@@ -244,7 +240,7 @@ async def test_speaker_name_is_used_in_the_prefix() -> None:
         SummaryInput(3, "assistant", "You're welcome, happy to help! 😊", T0),
     ]
     text = (await ExtractiveSummarizer().summarize(messages, 100)).text
-    assert text.split("\n") == [f"alice: {booking}", f"Assistant: {reply}"]
+    assert text.split("\n") == [f'User "alice": {booking}', f"Assistant: {reply}"]
 
 
 def long_conversation() -> list[SummaryInput]:
@@ -260,19 +256,16 @@ def long_conversation() -> list[SummaryInput]:
     return msgs(*[(m.role, m.content) for m in conversation()], *extra)
 
 
-async def test_topic_line_lists_recurring_words_only_when_there_is_ample_room() -> None:
+async def test_no_keyword_line_even_when_there_is_ample_room() -> None:
+    # Issue 13, item 4: sentences with their speaker, never a keyword list (it used to be a
+    # "Topic: billing, replica, ..." first line at budgets of 300 and more).
     messages = long_conversation()
     assert source_tokens(messages) > 400
     text = (await ExtractiveSummarizer().summarize(messages, 400)).text
-    first = text.split("\n")[0]
-    assert first.startswith("Topic: ")
-    keywords = first.removeprefix("Topic: ").split(", ")
-    assert 3 <= len(keywords) <= 6
-    assert "billing" in keywords
-    assert not {"disfmarker", "yeah", "so", "think"} & {k.lower() for k in keywords}
-    assert_no_invented_words(text, [m.content for m in messages], prefixes_of(messages))
-    small = (await ExtractiveSummarizer().summarize(messages, 200)).text
-    assert "Topic:" not in small and COUNTER.count(small) <= 200
+    assert "Topic:" not in text
+    assert all(line.startswith(("User: ", "Assistant: ")) for line in text.split("\n"))
+    assert "billing" in text
+    assert_no_invented_words(text, [m.content for m in messages], prefixes_of(messages), keyword_line=False)
 
 
 async def test_transcript_markup_and_spoken_fillers_are_removed() -> None:
@@ -293,7 +286,7 @@ async def test_transcript_markup_and_spoken_fillers_are_removed() -> None:
     assert "{" not in text and "disfmarker" not in text and "vocalsound" not in text
     assert not re.search(r"\b(?:um|uh|hmm|mm-hmm)\b", text, re.I)
     assert "rubber case" in text and "kinetic battery" in text and "titanium chassis" in text
-    assert "Grad_A: " in text and "PM: " in text and "(user)" not in text
+    assert 'User "Grad_A": ' in text and 'User "PM": ' in text and "(user)" not in text
     assert "Professor_C" not in text  # nothing but filler and markup
     assert_no_invented_words(text, [m.content for m in messages], prefixes_of(messages))
 
@@ -604,4 +597,5 @@ def test_merge_always_fits_target_and_never_inflates(pieces: list[SummaryPiece],
     assert tokens <= target
     if source >= 2:
         assert tokens < source
-    assert_no_invented_words(text, [p.text for p in pieces], set(), keyword_line=False)
+    # Lines a merge finds without a label of ours are kept as "- " items (issue 17, item 5).
+    assert_no_invented_words(text, [p.text for p in pieces], {"- "}, keyword_line=False)

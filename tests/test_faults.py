@@ -88,7 +88,7 @@ def fault_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         with engine.begin() as conn:
             tables = sa.inspect(conn).get_table_names()
             if "conversations" in tables:
-                conn.exec_driver_sql("TRUNCATE conversation_history, conversations")
+                conn.exec_driver_sql("TRUNCATE messages, summaries, conversations")
         engine.dispose()
         yield url
 

@@ -35,6 +35,7 @@ from tiered_history import (
     StoredMessage,
     Summary,
 )
+from tiered_history.core import ranking
 from tiered_history.tokens import TokenCounter
 
 TokenCounter()  # loading an encoding points TIKTOKEN_CACHE_DIR at litellm's bundled copy
@@ -226,7 +227,8 @@ def check_history(history: History, added: list[StoredMessage]) -> None:
     # Stored exactly as returned when added, full content included, never modified by maintenance.
     assert history.messages == added
     expected_first = 1
-    for t in history.topics:
+    # A topic reopened by the next messages (issue 14) stays in history, superseded by the later one.
+    for t in [t for t in history.topics if t.status != "superseded"]:
         assert t.first_sequence == expected_first
         assert t.last_sequence >= t.first_sequence
         expected_first = t.last_sequence + 1
@@ -236,10 +238,22 @@ def check_history(history: History, added: list[StoredMessage]) -> None:
     for t in history.topics:
         nxt = by_seq.get(t.last_sequence + 1)
         assert nxt is None or nxt.role != "tool"
+    # Archives merge consecutive topics or roll up consecutive archives; nothing leaves history.
     for a in history.archives:
-        members = [t for t in history.topics if t.merged_into == a.id]
-        assert members, "an archive merges at least one topic"
+        members = sorted(
+            (x for x in history.topics + history.archives if x.merged_into == a.id),
+            key=lambda x: x.first_sequence,
+        )
+        assert members, "an archive merges at least one summary"
+        assert all(x.level < a.level for x in members)
         assert (a.first_sequence, a.last_sequence) == (members[0].first_sequence, members[-1].last_sequence)
+        assert a.dropped_at is None
+    # The whole timeline stays represented: live archives cover it from its first message on.
+    live = sorted((a for a in history.archives if a.merged_into is None), key=lambda a: a.first_sequence)
+    expected_first = 1
+    for a in live:
+        assert a.first_sequence == expected_first
+        expected_first = a.last_sequence + 1
 
 
 def complete_units(messages: list[StoredMessage]) -> list[StoredMessage]:
@@ -265,6 +279,8 @@ def complete_units(messages: list[StoredMessage]) -> list[StoredMessage]:
 
 
 def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> None:
+    """The layout of issue 13: pinned, the archives block, the topic block, the current window
+    with the recalled part just before its newest user message; exact budget; units whole."""
     msgs = ctx.to_messages()
     assert ctx.total_tokens <= max_tokens
     assert ctx.total_tokens == count_request(msgs)
@@ -272,144 +288,102 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
     assert ctx.max_tokens == max_tokens
     stored_by_seq = {m.sequence: m for m in history.messages}
     newest = history.messages[-1]
-    covered_upto = summarized_upto(history)
-    uncovered = [m for m in history.messages if m.sequence > covered_upto and not m.pinned]
-    current, recent = ctx.current_topic, ctx.recent_topics
-    seqs = [m.sequence for m in current]
-    r_seqs = [m.sequence for m in recent]
+    window, recalled = ctx.current_topic, ctx.recalled
+    seqs = [m.sequence for m in window]
+    r_seqs = [m.sequence for m in recalled]
 
-    # Pinned: every pinned message, first, verbatim, in order.
+    # Pinned: every pinned message, first, verbatim, in order (never cut, never summarised).
     pinned = [m for m in history.messages if m.pinned]
     assert [m.sequence for m in ctx.pinned] == [m.sequence for m in pinned]
     assert msgs[: len(pinned)] == [m.to_openai() for m in pinned]
-
-    # Topics: the newest run of active summaries, the newest of them possibly swapped back for
-    # their own messages (recent_topics, complete units only, none repeated from the current topic).
-    active_topics = [
-        t for t in history.topics if t.merged_into is None and t.status != "pending" and t.rendered
-    ]
-    k_t = len(ctx.historical_topics)
-    shown_ids = [t.id for t in ctx.historical_topics]
-    assert shown_ids == [t.id for t in active_topics if t.id in shown_ids]
-    verbatim = set(r_seqs) | set(seqs)
-
-    def messages_of(t: Summary) -> list[int]:
-        in_range = [m for m in history.messages if t.first_sequence <= m.sequence <= t.last_sequence]
-        return [m.sequence for m in complete_units([m for m in in_range if not m.pinned])]
-
-    # Swapped topics: the newest ones after the shown summaries, every message of theirs sent.
-    newer = active_topics[active_topics.index(ctx.historical_topics[-1]) + 1 :] if k_t else active_topics
-    swapped: list[Summary] = []
-    for t in reversed(newer):
-        if not set(messages_of(t)) <= verbatim:
-            break
-        swapped.insert(0, t)
-    k_s = len(swapped)
-    if k_t:
-        assert swapped == newer  # nothing between the shown summaries and the swapped topics
-    assert shown_ids + [t.id for t in swapped] == [
-        t.id for t in active_topics[len(active_topics) - k_t - k_s :]
-    ]
-    for t in swapped:
-        assert [q for q in r_seqs if t.first_sequence <= q <= t.last_sequence] == [
-            q for q in messages_of(t) if q not in seqs
-        ]
-    assert sum(1 for q in r_seqs if any(t.first_sequence <= q <= t.last_sequence for t in swapped)) == len(
-        recent
-    )
-
-    # Current topic: the newest units of what no summary covers (a call still missing results
-    # only as the newest unit).
-    eligible = complete_units(uncovered)
-    tail = last_unit(uncovered)
-    if tail and tail[-1].sequence not in {m.sequence for m in eligible}:
-        eligible += tail
-    if uncovered:
-        assert seqs == [m.sequence for m in eligible][len(eligible) - len(current) :]
-    if recent:  # swapping back only uses room the current topic could not use
-        assert [m.sequence for m in eligible] == [q for q in seqs if q > covered_upto]
-
-    # Archives: the newest run over all of them; dropped ones (always the oldest) only fill room
-    # that every other tier left unused.
-    active_archives = [a for a in history.archives if a.dropped_at is None and a.rendered]
-    all_archives = [a for a in history.archives if a.rendered]
-    k_a = len(ctx.bulk_archives)
-    assert [a.id for a in ctx.bulk_archives] == [a.id for a in all_archives[len(all_archives) - k_a :]]
-    revived = [a for a in ctx.bulk_archives if a.dropped_at is not None]
-    if revived:
-        assert {a.id for a in active_archives} <= {a.id for a in ctx.bulk_archives}
-        if not swapped:  # the room they use could not take an older topic or current-topic unit
-            room = max_tokens - ctx.total_tokens + sum(a.token_count for a in revived)
-            if k_t < len(active_topics):
-                assert active_topics[len(active_topics) - k_t - 1].token_count > room
-            older = [m for m in eligible if m.sequence < min(seqs, default=10**9)]
-            if older:
-                assert sum(m.token_count for m in last_unit(older)) > room
-
-    # Summaries are user messages marked as data, oldest first, before every message.
-    summaries: list[Summary] = ctx.bulk_archives + ctx.historical_topics
-    for summary in summaries:
-        sent = summary.to_openai()
-        assert sent["role"] == "user"
-        assert "not instructions" in sent["content"]
-    for prev, nxt in itertools.pairwise(summaries):
-        assert prev.last_sequence < nxt.first_sequence
     system_dicts = [m for m in msgs if m["role"] == "system"]
     assert system_dicts == [m.to_openai() for m in pinned if m.role == "system"]
-    start = len(pinned)
-    assert msgs[start : start + len(summaries)] == [x.to_openai() for x in summaries]
-    assert msgs[start + len(summaries) :] == [m.to_openai() for m in recent + current]
-    both = r_seqs + seqs
-    assert both == sorted(set(both))
-    if summaries:
-        top = max(x.last_sequence for x in summaries)
-        assert all(q > top for q in r_seqs)
-        later = [q for q in seqs if q <= top]
-        # Only the newest unpinned unit is repeated verbatim when everything up to it is summarised.
-        unpinned = [m for m in history.messages if not m.pinned]
-        assert later == [] or later == seqs == [m.sequence for m in last_unit(unpinned)]
 
-    if current:
-        assert current[0].role != "tool"
+    # The stable blocks: live summaries only, oldest first, one user message per tier, marked as data.
+    live_archives = {a.id for a in history.archives if a.merged_into is None and a.dropped_at is None}
+    live_topics = {
+        t.id
+        for t in history.topics
+        if t.merged_into is None and t.status not in ("pending", "superseded") and t.rendered
+    }
+    assert {a.id for a in ctx.bulk_archives} <= live_archives
+    assert {t.id for t in ctx.historical_topics} <= live_topics
+    at = len(pinned)
+    for tier, items in (("bulk", ctx.bulk_archives), ("topic", ctx.historical_topics)):
+        assert items == sorted(items, key=lambda x: x.first_sequence)
+        for prev, nxt in itertools.pairwise(items):
+            assert prev.last_sequence < nxt.first_sequence
+        if items:
+            block = ctx.blocks[tier]
+            assert msgs[at] == {"role": "user", "content": block}
+            assert "not instructions" in block.split("\n", 1)[0]
+            for x in items:
+                assert x.content.split("\n")[0] in block
+            at += 1
+        else:
+            assert not ctx.blocks.get(tier)
 
-    # The newest message is always there (cut head + tail only if it alone is over budget).
-    unit_seqs = {m.sequence for m in newest_unit(history)}
+    # The window: a run of whole units of unpinned messages that ends with the newest one, verbatim
+    # (only the newest unit may be cut, and only when it alone is over budget).
+    unpinned = [m for m in history.messages if not m.pinned]
     if not newest.pinned:
-        assert current, "the newest message is missing"
-        assert current[-1].sequence == newest.sequence
-        assert msgs[-1]["role"] == newest.role
-        assert msgs[-1].get("tool_call_id") == newest.tool_call_id
-        assert unit_seqs <= set(seqs), "the newest message's tool unit is incomplete"
-    for m, sent in zip(recent + current, msgs[len(msgs) - len(both) :], strict=True):
+        assert window, "the newest message is missing"
+        assert window[-1].sequence == newest.sequence
+        assert {m.sequence for m in newest_unit(history)} <= set(seqs), "the newest tool unit is incomplete"
+    if window:
+        assert window[0].role != "tool"
+        expected = [m for m in complete_units(unpinned) if m.sequence >= seqs[0]]
+        tail = last_unit(unpinned)
+        if tail and tail[-1].sequence not in {m.sequence for m in expected}:
+            expected += [m for m in tail if m.sequence >= seqs[0]]
+        assert seqs == [m.sequence for m in expected]
+        # Summaries shown beside it start before it (they stand for what it does not hold).
+        for x in ctx.bulk_archives + ctx.historical_topics:
+            assert x.first_sequence < seqs[0]
+    unit_seqs = {m.sequence for m in last_unit(unpinned)}
+    for m in window:
         original = stored_by_seq[m.sequence].context_content
         if ctx.truncated_newest and m.sequence in unit_seqs:
-            assert sent["content"] == original or "[truncated" in sent["content"]
+            assert m.context_content == original or "[truncated" in m.context_content
         else:
-            assert sent["content"] == original
+            assert m.context_content == original
 
-    # Tool calls and results travel together, complete.
-    results_of: dict[int, list[str]] = {}
-    for m in history.messages:
-        if m.role == "tool":
-            owner = max(x.sequence for x in history.messages if x.sequence < m.sequence and x.tool_calls)
-            results_of.setdefault(owner, []).append(str(m.tool_call_id))
-    sent_messages = recent + current
-    i = 0
-    while i < len(sent_messages):
-        m = sent_messages[i]
-        assert m.role != "tool", f"tool result {m.sequence} without its call"
-        i += 1
-        if m.tool_calls:
-            results = []
-            while i < len(sent_messages) and sent_messages[i].role == "tool":
-                results.append(str(sent_messages[i].tool_call_id))
-                i += 1
-            assert results == results_of.get(m.sequence, []), (m.sequence, results)
-            # Only the newest unit may still wait for results: any other must be complete (else a 400).
-            # Pinned messages after it do not end the wait (they are instructions, not turns).
-            unpinned = [x for x in history.messages if not x.pinned]
-            if m.sequence != last_unit(unpinned)[0].sequence:
-                assert sorted(results) == sorted(str(c["id"]) for c in m.tool_calls), (m.sequence, results)
+    # Recall: whole units from before the window, verbatim, in order, after a note, just before
+    # the newest user message; nothing repeated.
+    if recalled:
+        assert ctx.recall_note and ctx.recall_start is not None
+        assert r_seqs == sorted(set(r_seqs))
+        assert all(q < seqs[0] for q in r_seqs)
+        assert all(not m.pinned for m in recalled)
+        assert recalled == [m for m in complete_units(recalled)]
+        for m in recalled:
+            assert m == stored_by_seq[m.sequence]
+        start = ctx.recall_start
+        assert msgs[start] == {"role": "user", "content": ctx.recall_note}
+        assert msgs[start + 1 : start + 1 + len(recalled)] == [m.to_openai() for m in recalled]
+        assert all(m.role != "user" for m in window[ctx.recall_at + 1 :])
+    assert msgs[at:] == [m.to_openai() for m in window[: ctx.recall_at]] + (
+        [{"role": "user", "content": ctx.recall_note}] if ctx.recall_note else []
+    ) + [m.to_openai() for m in recalled] + [m.to_openai() for m in window[ctx.recall_at :]]
+
+    # Tool calls and results travel together, complete, in the window and in what is recalled.
+    for part in (recalled, window):
+        i = 0
+        while i < len(part):
+            m = part[i]
+            assert m.role != "tool", f"tool result {m.sequence} without its call"
+            i += 1
+            if m.tool_calls:
+                results = []
+                while i < len(part) and part[i].role == "tool":
+                    results.append(str(part[i].tool_call_id))
+                    i += 1
+                # Only the newest unit may still wait for results: any other must be complete.
+                if part is recalled or m.sequence != last_unit(unpinned)[0].sequence:
+                    assert sorted(results) == sorted(str(c["id"]) for c in m.tool_calls), (
+                        m.sequence,
+                        results,
+                    )
 
 
 def must_be_too_small(history: History, max_tokens: int) -> bool:
@@ -458,8 +432,43 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
     assert await hc.search(a, B_TAG) == []
     assert await hc.search(b, A_TAG) == []
     found = await hc.search(b, B_TAG, limit=1000)
-    assert [m.sequence for m in found] == list(range(len(script.added[b]), 0, -1))
+    # Every message holds the tag once: all are found (ranked by BM25, issue 13, not by recency).
+    assert sorted(m.sequence for m in found) == list(range(1, len(script.added[b]) + 1))
+
+    # The query path: an explicit query keeps every rule, and what it recalls matches it.
+    query = " ".join(WORDS[i % len(WORDS)] for i in range(len(ha.messages), len(ha.messages) + 3))
+    for max_tokens in budgets:
+        if must_be_too_small(ha, max_tokens):
+            continue
+        ctx = await hc.get_context(a, max_tokens, query=query)
+        check_context(ctx, ha, max_tokens)
+        wanted = {w for w in ranking.words(query) if w not in ranking.STOPWORDS}
+        for m in ctx.recalled:
+            unit = [x for x in ctx.recalled if x.sequence == m.sequence or x.tool_call_id in _ids(m)]
+            assert any(wanted & set(ranking.words(x.content)) for x in unit), (query, m.content)
+        observed.append(("query", max_tokens, ctx.to_messages()))
+
+    # Prefix stability: reading again changes nothing; a turn without an event (no seal, summary,
+    # merge or roll-up) keeps everything the previous context held before its recalled part.
+    for max_tokens in (2500, 6000):
+        first = await hc.get_context(a, max_tokens)
+        assert (await hc.get_context(a, max_tokens)).to_messages() == first.to_messages()
+        msg = Message(role="user", content=f"{A_TAG} one more question", timestamp=script.clock)
+        script.added[a].append(await hc.add_message(a, msg))
+        after = await hc.get_context(a, max_tokens)
+        check_context(after, await hc.get_history(a), max_tokens)
+        before = first.to_messages()
+        stable = before[: first.recall_start] if first.recall_start is not None else before
+        if after.maintenance_epoch == first.maintenance_epoch:
+            event("prefix kept between events")
+            assert after.to_messages()[: len(stable)] == stable
+        else:
+            event("prefix after an event")
     return observed
+
+
+def _ids(m: StoredMessage) -> set[str]:
+    return {str(c["id"]) for c in m.tool_calls} if m.tool_calls else set()
 
 
 def normalise_history(h: History) -> Any:

@@ -20,7 +20,7 @@ from tiered_history import (
     StoredMessage,
     Summary,
 )
-from tiered_history.store.base import LeaseLostError, SummaryWrite
+from tiered_history.core.render import item_line
 
 CID = "conv-1"
 T0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
@@ -155,8 +155,8 @@ async def test_messages_are_stored_exactly_as_given_and_never_modified(db_url: s
             assert s.metadata == m.metadata
             assert s.full_token_count == hc.counter.message_tokens(m.to_openai())
         assert before[0].timestamp == datetime(2026, 1, 5, 10, 0, 1, 123456, tzinfo=UTC)
-        assert before[5].truncated_content is not None and "[truncated " in before[5].truncated_content
-        assert [m.truncated_content is None for m in before] == [True] * 5 + [False] + [True] * 2
+        # Long messages are stored and sent whole: cutting is a last resort under budget pressure.
+        assert all(m.truncated_content is None for m in before)
 
         # Compress everything (seal, summarise, merge, drop); the messages stay as they were.
         await hc.seal_current_topic(CID)
@@ -333,26 +333,6 @@ async def test_orphan_tool_result_is_rejected_and_nothing_is_stored(db_url: str)
         assert (await hc.stats(CID))[0].messages == 6
 
 
-async def test_store_append_is_atomic_when_the_policy_fails(db_url: str) -> None:
-
-    def boom(topic: Any, prepared: Any) -> str | None:
-        raise RuntimeError("policy failed")
-
-    async with compressor(db_url) as hc:
-        prepared = hc.prepare(Message(role="user", content="hello", timestamp=ts(1)))
-        with pytest.raises(RuntimeError):
-            await hc.store.append("z", "web", prepared, boom, ts(1))
-        assert await hc.store.state("z") is None
-        assert await hc.conversation_ids() == []
-
-        await hc.add_message(CID, Message(role="user", content="one", timestamp=ts(1)))
-        before = await hc.store.state(CID)
-        with pytest.raises(RuntimeError):
-            await hc.store.append(CID, None, prepared, boom, ts(2))
-        assert await hc.store.state(CID) == before
-        assert [m.sequence for m in (await hc.get_history(CID)).messages] == [1]
-
-
 # -- maintenance ------------------------------------------------------------------------------
 
 
@@ -379,7 +359,8 @@ async def test_maintain_summarises_each_sealed_topic_exactly_once(db_url: str) -
             assert label in t.content
             header, _, _ = t.rendered.partition("\n")
             assert "not instructions" in header and t.rendered.endswith(f"{t.content}\n</summary>")
-            assert t.token_count == hc.counter.message_tokens({"role": "user", "content": t.rendered})
+            # Its cost inside its tier's block: its dated line and the line break after it.
+            assert t.token_count == hc.counter.count(item_line(t.content, t.started_at, t.ended_at)) + 1
         stats = (await hc.stats(CID))[0]
         assert (stats.topics, stats.topics_pending, stats.compressions) == (3, 0, 3)
 
@@ -438,34 +419,6 @@ async def test_one_maintain_pass_reaches_every_conversation_behind_ones_that_sta
             assert (await hc.get_history(f"a-waiting-{k:02d}")).topics == []
 
 
-async def test_store_saves_a_topic_summary_once_and_fences_other_workers(db_url: str) -> None:
-    async with compressor(db_url) as hc:
-        feed = Feed(hc)
-        await feed.topic(2, "x")
-        await hc.seal_current_topic(CID)
-        store, now = hc.store, feed.now
-        claimed = await store.claim("w1", now, 300, None, CID, 1)
-        assert [c.id for c in claimed] == [CID]
-        assert await store.claim("w2", now, 300, None, CID, 1) == []  # leased
-        [topic] = await store.topics_to_summarize(CID, now, 5)
-        write = SummaryWrite(content="x", rendered="R", token_count=5, status="final", summarizer="test")
-        with pytest.raises(LeaseLostError):
-            await store.save_topic_summary("w2", topic, write, now)
-        assert await store.save_topic_summary("w1", topic, write, now) is True
-        assert await store.save_topic_summary("w1", topic, write, now) is False
-        assert await store.topics_to_summarize(CID, now, 5) == []
-        await store.release("w1", CID, False, None)
-        [saved] = (await hc.get_history(CID)).topics
-        assert (saved.content, saved.rendered, saved.token_count, saved.status, saved.attempts) == (
-            "x",
-            "R",
-            5,
-            "final",
-            1,
-        )
-        assert (await hc.stats(CID))[0].compressions == 1
-
-
 async def _many_small_topics(hc: HistoryCompressor, n: int, start: int = 0) -> Feed:
     feed = Feed(hc, start=start)
     for k in range(n):
@@ -504,79 +457,83 @@ async def test_merges_create_archives_and_merged_topics_stay_in_history(db_url: 
         # The first two topics are unchanged apart from merged_into.
         assert [dataclasses.replace(t, merged_into=None) for t in h.topics[:2]] == first_two
 
-        expected_first = 1
-        for ordinal, archive in enumerate(h.archives, start=1):
-            members = [t for t in h.topics if t.merged_into == archive.id]
-            assert len(members) == 3  # bulk_merge_size
-            assert [t.sequence for t in members] == list(range(members[0].sequence, members[0].sequence + 3))
-            assert archive.sequence == ordinal
+        for archive in h.archives:
+            # An archive merges topics (level 1: at least bulk_merge_size consecutive ones) or
+            # rolls up archives (a level above theirs); it covers exactly what its members cover.
+            members = sorted(
+                (x for x in h.topics + h.archives if x.merged_into == archive.id),
+                key=lambda x: x.first_sequence,
+            )
+            if archive.level == 1:
+                assert len(members) >= 3 and all(x.tier == "topic" for x in members)
+                assert [t.sequence for t in members] == list(
+                    range(members[0].sequence, members[0].sequence + len(members))
+                )
+            else:
+                assert all(x.tier == "bulk" and x.level < archive.level for x in members)
             assert archive.tier == "bulk" and archive.status == "final"
-            assert archive.first_sequence == members[0].first_sequence == expected_first
+            assert archive.first_sequence == members[0].first_sequence
             assert archive.last_sequence == members[-1].last_sequence
-            assert archive.source_tokens == sum(t.source_tokens for t in members)
-            assert archive.started_at == min(t.started_at for t in members)
-            assert archive.ended_at == max(t.ended_at for t in members)
+            assert archive.source_tokens == sum(x.source_tokens for x in members)
+            assert archive.started_at == min(x.started_at for x in members)
+            assert archive.ended_at == max(x.ended_at for x in members)
             header, _, _ = archive.rendered.partition("\n")
             assert "not instructions" in header and archive.rendered.endswith(
                 f"{archive.content}\n</archive>"
             )
+        # The live archives cover the timeline from its first message, without gaps.
+        live = sorted((a for a in h.archives if a.merged_into is None), key=lambda a: a.first_sequence)
+        expected_first = 1
+        for archive in live:
+            assert archive.first_sequence == expected_first
             expected_first = archive.last_sequence + 1
 
         active = [t for t in h.topics if t.merged_into is None]
-        assert active[0].first_sequence == h.archives[-1].last_sequence + 1
-        # The planner's postcondition: what is left fits the topic share, or is too few to merge.
-        topic_share = int((700 - 3) * 0.3)
-        assert sum(t.token_count for t in active) <= topic_share or len(active) < 3
+        assert active[0].first_sequence == expected_first
         # Merged topics are merged once; a second pass has nothing to do.
         r2 = await hc.maintain(CID, now=feed.now)
         assert (r2.summarized, r2.merged, r2.dropped) == (0, 0, 0)
 
         ctx = await hc.get_context(CID, 700)
-        assert [a.id for a in ctx.bulk_archives] == [a.id for a in h.archives][-len(ctx.bulk_archives) :]
+        assert [a.id for a in ctx.bulk_archives] == [a.id for a in live][-len(ctx.bulk_archives) :]
         assert all(t.merged_into is None for t in ctx.historical_topics)
         stats = (await hc.stats(CID))[0]
         assert (stats.topics, stats.archives, stats.archives_dropped) == (8, len(h.archives), 0)
         assert stats.compressions == 8 + len(h.archives)
 
 
-async def test_drops_mark_archives_dropped_but_keep_them_in_history(db_url: str) -> None:
-    # Default bulk_summary_tokens (300): each archive is larger than the bulk share (119).
+async def test_rollups_keep_the_whole_timeline_and_every_archive_in_history(db_url: str) -> None:
     async with compressor(db_url, **SMALL) as hc:
-        feed = await _many_small_topics(hc, 9)
-        messages_before = (await hc.get_history(CID)).messages
+        # Maintenance after each burst of topics: merges fill the archive share, then roll up.
+        merged = rolled_up = 0
+        for burst in range(5):
+            feed = await _many_small_topics(hc, 6, start=12 * burst)
+            r = await hc.maintain(CID, now=feed.now)
+            merged, rolled_up = merged + r.merged, rolled_up + r.rolled_up
         now = feed.now
-        report = await hc.maintain(CID, now=now)
         h = await hc.get_history(CID)
-        assert report.merged == len(h.archives) >= 2
-        assert report.dropped >= 1
-        dropped = [a for a in h.archives if a.dropped_at is not None]
-        kept = [a for a in h.archives if a.dropped_at is None]
-        assert len(dropped) == report.dropped
-        assert all(a.dropped_at == now for a in dropped)
-        # The oldest go first; what stays fits the bulk share.
-        assert [a.sequence for a in dropped] == list(range(1, len(dropped) + 1))
-        assert sum(a.token_count for a in kept) <= int((600 - 3) * 0.2)
-        for a in dropped:  # still complete
+        messages_before = h.messages
+        assert merged >= 2 and rolled_up >= 1
+        assert merged + rolled_up == len(h.archives)
+        rolled = [a for a in h.archives if a.merged_into is not None]
+        live = sorted((a for a in h.archives if a.merged_into is None), key=lambda a: a.first_sequence)
+        assert rolled and all(a.dropped_at is None for a in h.archives)
+        # The oldest part of the conversation is still represented, by the coarsest archive.
+        assert live[0].first_sequence == 1 and live[0].level == max(a.level for a in h.archives) >= 1
+        for a in rolled:  # still complete, and pointing at what replaced it
             assert a.content and a.rendered and a.first_sequence <= a.last_sequence
+            assert a.merged_into in {x.id for x in h.archives}
+        assert sum(a.token_count for a in live) <= int((600 - 3) * 0.2)
         assert h.messages == messages_before
 
-        # Dropped archives leave the archive share. They may only come back to fill room that
-        # every other tier left unused: all active archives and topics in, no message omitted.
-        dropped_ids = {a.id for a in dropped}
-        active_topics = [t for t in h.topics if t.merged_into is None and t.rendered]
         for max_tokens in (150, 300, 600, 5000):
             ctx = await hc.get_context(CID, max_tokens)
-            shown = [a.id for a in ctx.bulk_archives]
-            assert shown == [a.id for a in h.archives][len(h.archives) - len(shown) :]  # newest run
-            if dropped_ids & set(shown):
-                assert {a.id for a in kept} <= set(shown)
-                assert [t.id for t in ctx.historical_topics] == [t.id for t in active_topics]
-                assert ctx.omitted_messages == 0
-        ctx = await hc.get_context(CID, 150)
-        assert not dropped_ids & {a.id for a in ctx.bulk_archives}
+            assert all(a.merged_into is None for a in ctx.bulk_archives)
+            assert ctx.total_tokens <= max_tokens
         stats = (await hc.stats(CID))[0]
-        assert (stats.archives, stats.archives_dropped) == (len(h.archives), len(dropped))
-        assert (await hc.maintain(CID, now=now)).dropped == 0
+        assert (stats.archives, stats.archives_dropped) == (len(h.archives), 0)
+        again = await hc.maintain(CID, now=now)
+        assert (again.merged, again.rolled_up, again.dropped) == (0, 0, 0)
 
 
 async def test_history_covers_every_message_sequence_exactly_once(db_url: str) -> None:
@@ -632,10 +589,11 @@ async def test_search_finds_old_messages_after_compression(db_url: str) -> None:
         await feed.add("assistant", "Stored: needle-4711.")
         await feed.add("user", "I scored 100% on the test")
         await feed.add("user", "and 1000 points in a_b mode")
-        await _many_small_topics(hc, 9, start=feed.i)
-        await hc.maintain(CID, now=ts(200))
+        for burst in range(4):
+            await _many_small_topics(hc, 6, start=feed.i + 12 * burst)
+            await hc.maintain(CID, now=ts(200 + burst))
         h = await hc.get_history(CID)
-        assert any(a.dropped_at is not None for a in h.archives)
+        assert any(a.merged_into is not None for a in h.archives)  # rolled up into a coarser one
         ctx = await hc.get_context(CID, 600)
         assert [m.sequence for m in ctx.current_topic if m.sequence <= 4] == []  # not verbatim any more
 
@@ -648,7 +606,9 @@ async def test_search_finds_old_messages_after_compression(db_url: str) -> None:
         # Wildcards are literal text.
         assert [m.sequence for m in await hc.search(CID, "100%")] == [3]
         assert [m.sequence for m in await hc.search(CID, "a_b")] == [4]
-        assert await hc.search(CID, "a%b") == []
+        # Words (issue 13): "a%b" is the phrase "a b", which only message 4 holds; "%" alone is text.
+        assert [m.sequence for m in await hc.search(CID, "a%b")] == [4]
+        assert [m.sequence for m in await hc.search(CID, "%")] == [3]
         assert await hc.search(CID, "no such text anywhere") == []
 
 

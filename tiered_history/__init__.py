@@ -6,6 +6,7 @@ oldest ones, within an exact token budget; nothing stored is ever changed or los
 
 from __future__ import annotations
 
+from .compressor import HistoryCompressor
 from .errors import (
     BudgetTooSmallError,
     ConfigurationError,
@@ -18,15 +19,17 @@ from .errors import (
     TieredHistoryError,
     TransientStoreError,
 )
+from .maintenance import MaintenanceReport
 from .models import (
     CompressedContext,
+    ConversationInfo,
     ConversationStats,
     History,
     Message,
+    SearchHit,
     StoredMessage,
     Summary,
 )
-from .service import HistoryCompressor, MaintenanceReport
 from .settings import Settings
 from .summarizers import (
     ExtractiveSummarizer,
@@ -45,6 +48,7 @@ __all__ = [
     "BudgetTooSmallError",
     "CompressedContext",
     "ConfigurationError",
+    "ConversationInfo",
     "ConversationNotFoundError",
     "ConversationStats",
     "ExtractiveSummarizer",
@@ -55,6 +59,7 @@ __all__ = [
     "MaintenanceReport",
     "Message",
     "SchemaError",
+    "SearchHit",
     "Settings",
     "StoreError",
     "StoredMessage",

@@ -12,20 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -34,20 +33,26 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from .errors import ConversationNotFoundError, InvalidMessageError, TieredHistoryError
-from .models import CompressedContext, ConversationStats, History, Message, StoredMessage, Summary
-from .settings import Settings
-from .sync import SyncHistoryCompressor
-
-if TYPE_CHECKING:
-    from .service import HistoryCompressor
+from . import (
+    CompressedContext,
+    ConversationNotFoundError,
+    ConversationStats,
+    History,
+    HistoryCompressor,
+    Message,
+    Settings,
+    StoredMessage,
+    Summary,
+    SyncHistoryCompressor,
+    TieredHistoryError,
+)
+from .database import mask_url, schema_revision, upgrade_schema
+from .transcripts import IMPORT_KEY as IMPORT_KEY  # re-exported: the CLI documents this key
+from .transcripts import ImportResult, TranscriptEntry, import_entries, read_transcript
 
 #: Conversation id the ``demo`` command replays the bundled sample into.
 DEMO_CONVERSATION = "demo"
-#: Metadata key holding an imported message's key (see ``import``).
-IMPORT_KEY = "import_key"
 
-_MESSAGE_FIELDS = ("role", "content", "name", "timestamp", "tool_calls", "tool_call_id", "pinned", "metadata")
 _TIER_STYLE = {"current": "green", "topic": "cyan", "bulk": "magenta"}
 _TIER_LABEL = {"current": "current topic", "topic": "topic summaries", "bulk": "bulk archives"}
 
@@ -57,10 +62,6 @@ err = Console(stderr=True, highlight=False)
 
 #: Click's exception classes as typer uses them (typer >= 0.22 vendors its own copy of click).
 _cx: Any = sys.modules[typer.BadParameter.__module__]
-
-
-class InputFileError(Exception):
-    """A transcript file cannot be read or parsed (exit 1)."""
 
 
 # -- error handling: one line on stderr, no traceback ---------------------------------------------
@@ -102,7 +103,7 @@ class _Group(TyperGroup):
             _fail("aborted", 130)
         except _cx.ClickException as exc:
             _fail(exc.format_message(), exc.exit_code)
-        except (TieredHistoryError, InputFileError) as exc:
+        except TieredHistoryError as exc:
             _fail(str(exc), 1)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
@@ -245,12 +246,7 @@ def _when(ts: datetime | None) -> str:
 
 
 def _mask(url: str) -> str:
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
+    return mask_url(url)
 
 
 def _message_text(m: StoredMessage, width: int) -> str:
@@ -420,157 +416,18 @@ def _show_stats(stats: Sequence[ConversationStats], settings: Settings) -> None:
 # -- transcripts (import and demo) ----------------------------------------------------------------
 
 
-@dataclass
-class _Entry:
-    conversation_id: str
-    message: Message
-    key: str
-
-
-def _timestamp(value: Any, where: str) -> datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise InputFileError(f"{where}: timestamp must be an ISO 8601 string or epoch seconds")
-    if isinstance(value, int | float):
-        return datetime.fromtimestamp(value, UTC)
-    if isinstance(value, str):
-        try:
-            ts = datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise InputFileError(f"{where}: timestamp {value!r} is not ISO 8601") from None
-        return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
-    raise InputFileError(f"{where}: timestamp must be an ISO 8601 string or epoch seconds")
-
-
-def _content(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, list):  # OpenAI content parts: keep the text parts
-        return "\n".join(
-            str(p.get("text", "")) if isinstance(p, Mapping) else str(p)
-            for p in value
-            if not isinstance(p, Mapping) or p.get("type", "text") == "text"
-        )
-    return value if isinstance(value, str) else str(value)
-
-
-def import_key(position: int, raw: Mapping[str, Any]) -> str:
-    """Identity of a message in a transcript: its position in its conversation plus its content."""
-    ident = {
-        "position": position,
-        "role": raw.get("role"),
-        "content": _content(raw.get("content")),
-        "name": raw.get("name"),
-        "tool_calls": raw.get("tool_calls"),
-        "tool_call_id": raw.get("tool_call_id"),
-    }
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode("utf-8"))
-    return digest.hexdigest()[:24]
-
-
-def _to_message(raw: Any, where: str, key: str) -> Message:
-    if not isinstance(raw, Mapping):
-        raise InputFileError(f"{where}: a message must be a JSON object, not {type(raw).__name__}")
-    data: dict[str, Any] = {k: raw[k] for k in _MESSAGE_FIELDS if raw.get(k) is not None}
-    data["content"] = _content(raw.get("content"))
-    ts = _timestamp(raw.get("timestamp"), where)
-    if ts is not None:
-        data["timestamp"] = ts
-    meta = data.get("metadata", {})
-    if not isinstance(meta, Mapping):
-        raise InputFileError(f"{where}: metadata must be a JSON object")
-    data["metadata"] = {**meta, IMPORT_KEY: key}
-    try:
-        return Message.parse(data)
-    except InvalidMessageError as exc:
-        raise InvalidMessageError(f"{where}: {exc}") from None
-
-
-def read_transcript(path: Path, conversation_id: str | None = None) -> list[_Entry]:
-    """Parse a transcript file (see ``import``) into validated messages, in file order."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputFileError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(f"{path}: cannot read ({exc})") from None
-    raw: list[tuple[str, str | None, Any]] = []  # (where, conversation id, message)
-    try:
-        whole: Any = json.loads(text)
-    except json.JSONDecodeError:
-        whole = None
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputFileError(f"{path} line {n}: not valid JSON ({exc.msg})") from None
-            cid = item.get("conversation_id") if isinstance(item, Mapping) else None
-            raw.append((f"{path} line {n}", cid, item))
-    if whole is not None:
-        if isinstance(whole, list):
-            raw = [(f"{path} message {i}", None, m) for i, m in enumerate(whole, 1)]
-        elif isinstance(whole, Mapping) and isinstance(whole.get("messages"), list):
-            cid = whole.get("conversation_id")
-            raw = [(f"{path} message {i}", cid, m) for i, m in enumerate(whole["messages"], 1)]
-        elif isinstance(whole, Mapping) and "role" in whole:  # a JSONL file of one line
-            raw = [(f"{path} line 1", whole.get("conversation_id"), whole)]
-        else:
-            raise InputFileError(
-                f"{path}: expected a JSON list of messages, an object with 'messages', or JSON lines"
-            )
-    entries: list[_Entry] = []
-    positions: dict[str, int] = {}
-    for where, cid, item in raw:
-        target = conversation_id or cid
-        if not target:
-            raise InputFileError(f"{where}: no conversation_id (pass --conversation ID)")
-        if not isinstance(target, str):
-            raise InputFileError(f"{where}: conversation_id must be a string")
-        positions[target] = positions.get(target, 0) + 1
-        key = import_key(positions[target], item) if isinstance(item, Mapping) else ""
-        entries.append(_Entry(target, _to_message(item, where, key), key))
-    return entries
-
-
-@dataclass
-class ImportResult:
-    imported: int = 0
-    skipped: int = 0
-    conversations: dict[str, int] = field(default_factory=dict)
-
-
-def import_entries(
-    compressor: SyncHistoryCompressor, entries: Sequence[_Entry], platform: str | None = None
+def _import(
+    compressor: SyncHistoryCompressor, entries: Sequence[TranscriptEntry], platform: str | None = None
 ) -> ImportResult:
-    """Add entries whose import key is not yet stored in their conversation (so re-runs are no-ops)."""
-    result = ImportResult()
-    seen: dict[str, set[str]] = {}
-    for cid in dict.fromkeys(e.conversation_id for e in entries):
-        try:
-            history = compressor.get_history(cid)
-        except ConversationNotFoundError:
-            seen[cid] = set()
-            continue
-        seen[cid] = {str(m.metadata.get(IMPORT_KEY)) for m in history.messages if IMPORT_KEY in m.metadata}
-    todo = [e for e in entries if e.key not in seen[e.conversation_id]]
-    result.skipped = len(entries) - len(todo)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err, transient=True, disable=not todo) as progress:
-        task = progress.add_task("importing", total=len(todo))
-        for e in todo:
-            compressor.add_message(e.conversation_id, e.message, platform=platform)
-            result.imported += 1
-            result.conversations[e.conversation_id] = result.conversations.get(e.conversation_id, 0) + 1
-            progress.advance(task)
-    return result
+    """:func:`~tiered_history.transcripts.import_entries` with a progress bar on stderr."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("importing", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return import_entries(compressor, entries, platform, advance)
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -620,7 +477,7 @@ def demo(
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="tiered-history-demo-"))
             url = f"sqlite:///{Path(folder) / 'demo.db'}"
         compressor = stack.enter_context(_open(ctx, url, **overrides))
-        result = import_entries(compressor, entries)
+        result = _import(compressor, entries)
         report = compressor.maintain(DEMO_CONVERSATION)
         compressed = compressor.get_context(DEMO_CONVERSATION, max_tokens)
         stats = _require(compressor, DEMO_CONVERSATION)
@@ -677,7 +534,7 @@ def import_(
     """
     entries = read_transcript(file, conversation)
     with _open(ctx) as compressor:
-        result = import_entries(compressor, entries, platform)
+        result = _import(compressor, entries, platform)
     if as_json:
         _print_json(dataclasses.asdict(result))
         return
@@ -846,11 +703,11 @@ def search(
         _require(compressor, conversation_id)
         found = compressor.search(conversation_id, text, limit)
     if as_json:
-        _print_json([dataclasses.asdict(m) for m in found])
+        _print_json([{**dataclasses.asdict(h.message), "score": h.score} for h in found])
     elif not found:
         out.print(f"No message of {conversation_id!r} contains {text!r}.")
     else:
-        out.print(_messages_table(f"{len(found)} matches", found, width=100))
+        out.print(_messages_table(f"{len(found)} matches", [h.message for h in found], width=100))
 
 
 @app.command()
@@ -866,9 +723,6 @@ def worker(
     ] = None,
 ) -> None:
     """Run background maintenance until stopped (Ctrl+C or SIGTERM shut it down cleanly)."""
-    from .service import HistoryCompressor
-    from .store.sql import SQLStore  # noqa: F401  (fail early if the SQL store cannot load)
-
     opts = _opts(ctx)
     settings = opts.settings()
     url = opts.url(settings)
@@ -914,6 +768,106 @@ async def _run_worker(compressor: HistoryCompressor, interval: float, where: str
             loop.remove_signal_handler(sig)
 
 
+@app.command()
+def serve(
+    ctx: typer.Context,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on; anything but loopback needs --token.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8750,
+    allow_writes: Annotated[
+        bool,
+        typer.Option("--allow-writes", help="Enable the actions: seal the topic, run maintenance, delete."),
+    ] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="TIERED_HISTORY_WEB_TOKEN",
+            help="Secret every request must carry (header, or the login form's cookie); "
+            "required off loopback, at least 16 characters.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Serve the web inspector: what the model sees, the timeline, search (needs the web extra).
+
+    Read-only unless --allow-writes; a read-only inspector refuses a database whose schema is not
+    current instead of migrating it (run 'tiered-history db upgrade').
+    """
+    _serve(ctx, host, port, allow_writes, token or None)
+
+
+def _serve(ctx: typer.Context, host: str, port: int, allow_writes: bool, token: str | None) -> None:
+    try:
+        import uvicorn
+
+        from .web import create_app, hosts_for, is_loopback
+    except ImportError as exc:  # the web extra is not installed
+        hint = 'the web inspector needs its extra: pip install "tiered-history[web]"'
+        raise TieredHistoryError(str(exc) if hint in str(exc) else f"{hint} ({exc})") from None
+    if token is not None and len(token) < 16:
+        raise typer.BadParameter(
+            "use at least 16 characters (e.g. from 'openssl rand -hex 16')", param_hint="--token"
+        )
+    if token is None and not is_loopback(host):
+        raise typer.BadParameter(
+            f"listening on {host} needs --token (or TIERED_HISTORY_WEB_TOKEN): anyone who can reach it "
+            "could read every conversation",
+            param_hint="--host",
+        )
+    opts = _opts(ctx)
+    settings = opts.settings()
+    url = opts.url(settings)
+    if not allow_writes:
+        _check_schema_readonly(url)
+    app_ = create_app(
+        url,
+        settings=settings,
+        allow_writes=allow_writes,
+        token=token,
+        allowed_hosts=hosts_for(host),
+        database=_mask(url),
+    )
+    shown = f"[{host}]" if ":" in host else host
+    out.print(
+        f"Inspector on http://{shown}:{port}/ for {_mask(url)}, "
+        + ("writes ON (seal, maintain, delete)" if allow_writes else "read-only")
+        + (", token required" if token else "")
+        + "; Ctrl+C stops it.",
+        soft_wrap=True,
+    )
+    config = uvicorn.Config(
+        app_,
+        host=host,
+        port=port,
+        log_level="warning",
+        proxy_headers=False,
+        server_header=False,
+        access_log=False,
+    )
+    uvicorn.Server(config).run()
+
+
+def _check_schema_readonly(url: str) -> None:
+    """A read-only inspector must not create or migrate anything: the schema must be current."""
+    if url.startswith("memory://"):
+        return
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    on_disk = parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
+    if on_disk and not Path(str(parsed.database)).exists():
+        raise TieredHistoryError(f"no database at {parsed.database}")
+    current, head = schema_revision(url)
+    if current != head:
+        state = "has no schema" if current is None else f"is at revision {current}, head is {head}"
+        raise TieredHistoryError(
+            f"{_mask(url)} {state}; run 'tiered-history db upgrade' first "
+            "(without --allow-writes the inspector never changes the database)"
+        )
+
+
 @db_app.command("upgrade")
 def db_upgrade(ctx: typer.Context) -> None:
     """Create the schema or migrate it to the newest revision (Alembic head)."""
@@ -954,23 +908,10 @@ def db_current(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 def _migrate(url: str, upgrade: bool) -> tuple[str | None, str | None, str]:
     """(revision before, revision after, head); runs the migrations when ``upgrade``."""
-    from sqlalchemy import exc
-
-    from .store import migrate
-    from .store.dialect import create_engine, translate
-
-    head = migrate.head_revision()
-    engine = create_engine(url)
-    try:
-        before = migrate.current_revision(engine)
-        if not upgrade:
-            return before, before, head
-        migrate.upgrade(engine)
-        return before, migrate.current_revision(engine), head
-    except exc.SQLAlchemyError as e:
-        raise translate(e, "migrating the schema" if upgrade else "reading the schema revision") from None
-    finally:
-        engine.dispose()
+    if upgrade:
+        return upgrade_schema(url)
+    before, head = schema_revision(url)
+    return before, before, head
 
 
 def main() -> None:

@@ -34,6 +34,9 @@ class ConfigurationError(TieredHistoryError, ValueError):
 class StoreError(TieredHistoryError):
     """The database failed; the message says what was attempted."""
 
+    integrity: bool = False
+    """A constraint refused the write (for instance another writer took the same sequence)."""
+
 
 class TransientStoreError(StoreError):
     """A database failure that may succeed when retried (connection lost, serialization failure)."""
@@ -45,3 +48,7 @@ class SchemaError(StoreError):
 
 class SummarizerError(TieredHistoryError):
     """A summariser failed; the engine falls back to the extractive summariser."""
+
+
+class TranscriptError(TieredHistoryError, ValueError):
+    """A transcript file cannot be read or parsed."""

@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InvalidConversationIdError, InvalidMessageError
 
-Role = Literal["system", "user", "assistant", "tool"]
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+#: Marks, in ``StoredMessage.extra``, a message that had no ``content`` key at all.
+NO_CONTENT = "~no-content"
 Tier = Literal["message", "topic", "bulk"]
 
 #: Longest conversation id accepted (it is a primary key on every backend).
@@ -180,6 +182,7 @@ class StoredMessage:
     sequence: int
     role: Role
     content: str
+    """Its text: the string content, or the text of its content parts."""
     timestamp: datetime
     token_count: int
     """Framed tokens of the message as it appears in a context (head + tail if it is large)."""
@@ -192,16 +195,24 @@ class StoredMessage:
     metadata: dict[str, Any] = field(default_factory=dict)
     truncated_content: str | None = None
     """What the context shows instead of ``content`` when the message exceeds ``max_message_chars``."""
+    extra: dict[str, Any] | None = None
+    """Every other field the message carried, sent back unchanged (a non-string ``content`` too)."""
+    pin_key: str | None = None
 
     @property
     def context_content(self) -> str:
         return self.truncated_content if self.truncated_content is not None else self.content
 
     def to_openai(self, content: str | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "role": self.role,
-            "content": self.context_content if content is None else content,
-        }
+        """The message as sent to the model: every field it was given, exactly (its content cut
+        to ``content`` or to its head + tail form when given or needed)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.extra:
+            out.update(self.extra)
+            if NO_CONTENT in out:
+                del out[NO_CONTENT], out["content"]
+        if content is not None or self.truncated_content is not None:
+            out["content"] = self.context_content if content is None else content
         if self.name is not None:
             out["name"] = self.name
         if self.tool_calls is not None:
@@ -211,12 +222,12 @@ class StoredMessage:
         return out
 
 
-SummaryStatus = Literal["pending", "provisional", "final"]
+SummaryStatus = Literal["pending", "provisional", "final", "superseded"]
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """A topic summary (tier ``topic``) or a bulk archive (tier ``bulk``)."""
+    """A topic summary (tier ``topic``) or an archive (tier ``archive``: merged summaries or archives)."""
 
     id: int
     conversation_id: str
@@ -255,6 +266,8 @@ class Summary:
     """When ``maintain()`` will next try to replace a provisional summary."""
     last_error: str | None = None
     """Why the last summariser attempt failed, if it did."""
+    level: int = 0
+    """0 for a topic summary; an archive is one more than the highest level it merges."""
 
     def to_openai(self) -> dict[str, Any]:
         # Earlier-conversation data goes in as a user turn, never as a system instruction.
@@ -263,37 +276,82 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class CompressedContext:
-    """What to send to the model, within ``max_tokens``."""
+    """What to send to the model, within ``max_tokens``: :meth:`to_messages`.
+
+    Laid out stable-first, so a provider's prompt cache keeps hitting: pinned messages, the
+    archives block, the topic summaries block, the current topic verbatim, with the messages
+    recalled for the newest message (after a note saying they are earlier conversation) just
+    before the newest user message.
+    """
 
     conversation_id: str
     max_tokens: int
     pinned: list[StoredMessage]
     bulk_archives: list[Summary]
+    """Archives shown (one block), oldest first."""
     historical_topics: list[Summary]
+    """Topic summaries shown (one block), oldest first."""
     current_topic: list[StoredMessage]
+    """The messages sent verbatim, oldest first (the newest one last)."""
     total_tokens: int
     compression_ratio: float
     tier_tokens: dict[str, int]
-    """Framed tokens used by each tier: pinned, bulk, topic, current, framing."""
+    """Framed tokens used by each part: framing, pinned, bulk, topic, recall, current."""
     allocation: dict[str, int]
-    """Tokens each tier was allotted before redistribution."""
+    """Tokens each tier was allotted (current, topic, bulk) from what pinned messages leave."""
     omitted_messages: int = 0
-    """Uncovered messages that did not fit (newest-first cut); they are still stored."""
+    """Messages not yet summarised that are not sent (they are stored, and recalled when relevant)."""
     truncated_newest: bool = False
     recent_topics: list[StoredMessage] = field(default_factory=list)
-    """Messages of the newest summarised topics, sent word for word instead of their summaries
-    because the budget had room for them."""
+    """Kept for compatibility: always empty (the current topic reaches back as far as room allows)."""
+    blocks: dict[str, str] = field(default_factory=dict)
+    """The message content of the archives (``bulk``) and topic summaries (``topic``) blocks."""
+    recalled: list[StoredMessage] = field(default_factory=list)
+    """Messages recalled for the newest message (whole tool units), oldest first."""
+    recalled_summaries: list[Summary] = field(default_factory=list)
+    """Summaries recalled for the newest message (shown in the recall note)."""
+    recall_note: str = ""
+    recall_at: int = 0
+    """Where in ``current_topic`` the recalled messages go (before the newest user message)."""
+    recall_query: str = ""
+    """The text the recall matched (empty when nothing was recalled)."""
+    maintenance_epoch: int = 0
+    """The conversation's count of events that may rewrite the start of the context (seals,
+    summaries, merges, roll-ups, pins): between two contexts with the same epoch, everything
+    before the recalled part of the earlier one is a prefix of the later one."""
+
+    @property
+    def topic_summaries(self) -> list[Summary]:
+        """The topic summaries shown (the same as ``historical_topics``)."""
+        return self.historical_topics
+
+    @property
+    def archives(self) -> list[Summary]:
+        """The archives shown (the same as ``bulk_archives``)."""
+        return self.bulk_archives
+
+    def _stable(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [m.to_openai() for m in self.pinned]
+        for tier in ("bulk", "topic"):
+            if self.blocks.get(tier):
+                out.append({"role": "user", "content": self.blocks[tier]})
+        return out
+
+    @property
+    def recall_start(self) -> int | None:
+        """Index in :meth:`to_messages` where the recalled part starts (None: nothing recalled)."""
+        if not self.recall_note:
+            return None
+        return len(self._stable()) + self.recall_at
 
     def to_messages(self) -> list[dict[str, Any]]:
-        """OpenAI chat-format dicts in chronological order, ready for litellm or openai.
-
-        Pinned messages, archives, topic summaries, recent topics, current topic.
-        """
-        out: list[dict[str, Any]] = [m.to_openai() for m in self.pinned]
-        out.extend(s.to_openai() for s in self.bulk_archives)
-        out.extend(s.to_openai() for s in self.historical_topics)
-        out.extend(m.to_openai() for m in self.recent_topics)
-        out.extend(m.to_openai() for m in self.current_topic)
+        """OpenAI chat-format dicts, ready for litellm or openai (see the class docstring)."""
+        out = self._stable()
+        out.extend(m.to_openai() for m in self.current_topic[: self.recall_at])
+        if self.recall_note:
+            out.append({"role": "user", "content": self.recall_note})
+            out.extend(m.to_openai() for m in self.recalled)
+        out.extend(m.to_openai() for m in self.current_topic[self.recall_at :])
         return out
 
 
@@ -308,6 +366,53 @@ class History:
     archives: list[Summary]
     open_topic_start: int
     """Sequence where the open (unsealed) topic starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """A stored message that matched a search, with where it sits in the conversation."""
+
+    message: StoredMessage
+    score: float
+    """BM25 (higher is better; 1.0 for a literal match)."""
+    topic: Summary | None = None
+    """The sealed topic the message belongs to (None while its topic is still open)."""
+    summary: Summary | None = None
+    """What represents it in the context now: its topic's summary, or the archive that merged it."""
+
+    @property
+    def sequence(self) -> int:
+        return self.message.sequence
+
+    @property
+    def content(self) -> str:
+        return self.message.content
+
+    @property
+    def role(self) -> str:
+        return self.message.role
+
+    @property
+    def timestamp(self) -> datetime:
+        return self.message.timestamp
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationInfo:
+    """One conversation as a multi-platform bot lists them."""
+
+    conversation_id: str
+    platform: str | None
+    channel: str | None
+    users: tuple[str, ...]
+    """Platform user ids that wrote in it (as given to ``add_message(user_id=...)``), first seen first."""
+    created_at: datetime | None
+    last_active_at: datetime | None
+    """Timestamp of its newest message."""
+    messages: int
+    topics: int
+    archives: int
+    pinned: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,14 +6,20 @@ import asyncio
 import contextlib
 import logging
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-if TYPE_CHECKING:
-    from .service import HistoryCompressor, MaintenanceReport
+from .maintenance import MaintenanceReport
 
 log = logging.getLogger("tiered_history.scheduler")
+
+
+class Maintainer(Protocol):
+    """Anything with an async ``maintain()``: a :class:`~tiered_history.HistoryCompressor`."""
+
+    async def maintain(self) -> MaintenanceReport: ...
+
 
 #: Longest pause between attempts of a worker whose ``maintain()`` keeps failing.
 MAX_BACKOFF_SECONDS = 300.0
@@ -22,16 +28,16 @@ MAX_BACKOFF_SECONDS = 300.0
 def _log_report(report: MaintenanceReport) -> None:
     for error in report.errors:
         log.warning("maintenance error: %s", error)
-    if report.sealed or report.summarized or report.merged or report.dropped or report.lease_lost:
+    if report.sealed or report.summarized or report.merged or report.rolled_up or report.lease_lost:
         log.info(
             "maintenance: %d conversations, %d sealed, %d summarised (%d provisional), "
-            "%d merged, %d dropped, %d leases lost",
+            "%d merged, %d rolled up, %d leases lost",
             report.conversations,
             report.sealed,
             report.summarized,
             report.provisional,
             report.merged,
-            report.dropped,
+            report.rolled_up,
             report.lease_lost,
         )
 
@@ -43,7 +49,7 @@ class BackgroundMaintenance:
     ``stop()`` lets a run in progress finish, so no lease is left behind.
     """
 
-    def __init__(self, compressor: HistoryCompressor, interval_seconds: float) -> None:
+    def __init__(self, compressor: Maintainer, interval_seconds: float) -> None:
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be positive")
         self.compressor = compressor
@@ -120,7 +126,7 @@ class BackgroundMaintenance:
 
 
 async def run_worker(
-    compressor: HistoryCompressor, interval_seconds: float, stop_event: asyncio.Event | None = None
+    compressor: Maintainer, interval_seconds: float, stop_event: asyncio.Event | None = None
 ) -> None:
     """Standalone worker: ``maintain()``, then wait ``interval_seconds`` (or until ``stop_event``).
 

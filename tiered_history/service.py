@@ -1,301 +1,529 @@
-"""``HistoryCompressor``: the thin async service bots call on every reply.
+"""The reply path: the logic of every call a bot makes while replying.
 
-It validates input, counts tokens once, and delegates: boundary rules and context
-assembly to the pure core, persistence to a store, summaries to a summariser.
+:class:`ReplyPath` validates, counts tokens, plans with the pure core and reads or commits
+through the store. It is synchronous: the blocking twin
+(:class:`~tiered_history.SyncHistoryCompressor`) calls it directly, and
+:class:`~tiered_history.HistoryCompressor` runs it on the event loop when the store never
+waits, or on the store's thread pool when it may. One source, two faces. Background work
+lives in :mod:`.maintenance`, summarising in :mod:`.summarizers.pipeline`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
-import socket
-import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-import sqlalchemy as sa
-
-from .core import escalation
-from .core.assembly import Shares, assemble
-from .core.boundaries import MANUAL, BoundaryRules, OpenTopic, decide
-from .core.budget import check_max_tokens, escalation_budget, topic_size_limit
-from .core.render import render_summary
-from .core.truncation import head_tail
-from .errors import ConfigurationError, ConversationNotFoundError, InvalidMessageError
+from .core.assembly import Recalled, Rows, Shares, assemble
+from .core.boundaries import BoundaryRules
+from .core.budget import EscalationBudget, check_max_tokens, escalation_budget, topic_size_limit
+from .core.phrases import phrases_for
+from .core.ranking import parse_query, recall_query, words
+from .core.render import item_line
+from .core.state import ConversationState, Guard, Outcome, WindowMark, Writes
+from .core.transitions import MANUAL, Incoming, Origin, append_all, fork, seal_now, unpin
+from .errors import ConfigurationError, ConversationNotFoundError, InvalidMessageError, StoreError
+from .messages import normalize_message
 from .models import (
+    NO_CONTENT,
     CompressedContext,
+    ConversationInfo,
     ConversationStats,
     History,
-    Message,
+    SearchHit,
     StoredMessage,
     Summary,
     validate_conversation_id,
     validate_text_argument,
 )
 from .settings import Settings
-from .store.base import ContextRows, LeaseLostError, PreparedMessage, Store, SummaryWrite
-from .summarizers import (
-    ExtractiveSummarizer,
-    Spend,
-    Summarizer,
-    SummaryInput,
-    SummaryPiece,
-    build_summarizer,
-    spend_ledger,
-)
+from .store.base import ContextRequest, Snapshot, Store, SummaryWindow, Window
+from .store.memory import to_stored
+from .summarizers import ExtractiveSummarizer, Summarizer, build_summarizer
 from .tokens import TokenCounter
 
-log = logging.getLogger("tiered_history")
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
-#: Summaries longer than this multiple of their target are treated as garbage.
-_MAX_OVERSHOOT = 1.5
-#: Below this many tokens a summary says nothing useful: the topic is kept word for word.
-_MIN_SUMMARY_TOKENS = 16
+P = ParamSpec("P")
+T = TypeVar("T")
 
-
-@dataclass
-class MaintenanceReport:
-    """What one ``maintain()`` call did."""
-
-    conversations: int = 0
-    sealed: int = 0
-    summarized: int = 0
-    provisional: int = 0
-    merged: int = 0
-    dropped: int = 0
-    lease_lost: int = 0
-    errors: list[str] = field(default_factory=list)
+#: Optimistic attempts at a write before planning it under the conversation's lock instead.
+OPTIMISTIC_ATTEMPTS = 3
+#: Reading a context whose state keeps changing under it gives up after this many seconds.
+REPLAN_SECONDS = 30.0
+#: Threads (and pooled connections) of a SQL store: enough for a bot's concurrent replies.
+STORE_THREADS = 8
+#: Conversation states remembered per compressor (the most recently used).
+STATE_CACHE = 4096
 
 
-def _open_store(target: str | sa.Engine | Store, encoding: str) -> Store:
+#: BM25 score below which a hit is not recalled: matching only words that most messages share
+#: (about one moderately rare word is needed) says nothing about what the newest message is about.
+RECALL_MIN_SCORE = 1.0
+
+
+class StateCache:
+    """The newest state this process saw of each recent conversation.
+
+    Only a hint: every write is guarded by the version it was planned from, so a state another
+    process changed meanwhile costs one failed guard and a fresh read, never a wrong write.
+    """
+
+    def __init__(self, size: int = STATE_CACHE) -> None:
+        self._states: OrderedDict[str, ConversationState] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, conversation_id: str) -> ConversationState | None:
+        with self._lock:
+            state = self._states.get(conversation_id)
+            if state is not None:
+                self._states.move_to_end(conversation_id)
+            return state
+
+    def put(self, state: ConversationState) -> None:
+        with self._lock:
+            old = self._states.get(state.id)
+            if old is not None and old.version > state.version:
+                return  # a newer one is known already
+            self._states[state.id] = state
+            self._states.move_to_end(state.id)
+            while len(self._states) > self._size:
+                self._states.popitem(last=False)
+
+    def forget(self, conversation_id: str) -> None:
+        with self._lock:
+            self._states.pop(conversation_id, None)
+
+
+def open_store(target: str | sa.Engine | Store) -> Store:
+    """The store for a URL (``memory://``, ``sqlite:///...``, ``postgresql://...``), an Engine or a store."""
     if isinstance(target, str) and target.startswith("memory://"):
         from .store.memory import MemoryStore
 
         return MemoryStore()
-    if isinstance(target, str | sa.Engine):
-        from .store.sql import SQLStore
-
-        return SQLStore(target, encoding=encoding)
+    if isinstance(target, Store):
+        return target
     if type(target).__name__ == "AsyncEngine":  # not imported: sqlalchemy.ext.asyncio is slow to load
         raise ConfigurationError(
             "pass a URL or a synchronous sqlalchemy Engine (the store runs its queries on a thread pool); "
             "for an AsyncEngine pass its .sync_engine's URL instead"
         )
-    return target
+    from .store.sql import SQLStore
+
+    return SQLStore(target)
 
 
-class HistoryCompressor:
-    """Stores conversations and answers ``get_context`` within a token budget.
+@dataclass(frozen=True, slots=True)
+class Parts:
+    settings: Settings
+    counter: TokenCounter
+    store: Store
+    summarizer: Summarizer
+    fallback: ExtractiveSummarizer
 
-    ``target`` is a database URL (``sqlite:///history.db``, ``sqlite://``,
-    ``postgresql://user@host/db``, ``memory://``), a SQLAlchemy ``Engine`` you own
-    (it is not disposed on close) or a store object.
-    """
 
-    def __init__(
-        self,
-        target: str | sa.Engine | Store | None = None,
-        *,
-        settings: Settings | None = None,
-        summarizer: Summarizer | Mapping[str, Any] | None = None,
-        **overrides: Any,
-    ) -> None:
-        if isinstance(summarizer, Mapping):
-            # ``summarizer={"kind": "litellm", ...}`` is the setting, not a summariser object.
-            overrides["summarizer"] = dict(summarizer)
-            summarizer = None
-        elif summarizer is not None and not isinstance(summarizer, Summarizer):
-            raise ConfigurationError(
-                "summarizer must implement tiered_history.Summarizer (name, summarize, merge) "
-                "or be a mapping of summariser settings"
-            )
-        if settings is None:
-            settings = Settings.load(**overrides)
-        elif overrides:
-            settings = Settings.load(**{**settings.model_dump(), **overrides})
-        self.settings = settings
-        self.counter = TokenCounter(settings.model)
-        url = target if target is not None else settings.database_url or "sqlite:///tiered_history.db"
-        self.store: Store = _open_store(url, self.counter.encoding_name)
-        self.fallback = ExtractiveSummarizer(self.counter)
-        self.summarizer: Summarizer = summarizer or build_summarizer(settings.summarizer, self.counter)
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        s = settings
-        self._rules = BoundaryRules(
-            explicit=s.boundaries.explicit,
-            temporal=s.boundaries.temporal,
-            size=s.boundaries.size,
-            phrases=tuple(s.boundaries.trigger_phrases),
-            trigger_roles=tuple(s.boundaries.trigger_roles),
-            silence=timedelta(minutes=s.silence_minutes),
-            size_limit=topic_size_limit(s.context_budget, s.tiers.current_topic, s.token_threshold),
-            min_tokens=s.boundaries.min_topic_tokens,
+def build(
+    target: str | sa.Engine | Store | None,
+    settings: Settings | None,
+    summarizer: Summarizer | Mapping[str, Any] | None,
+    overrides: dict[str, Any],
+) -> Parts:
+    if isinstance(summarizer, Mapping):
+        # ``summarizer={"kind": "litellm", ...}`` is the setting, not a summariser object.
+        overrides["summarizer"] = dict(summarizer)
+        summarizer = None
+    elif summarizer is not None and not isinstance(summarizer, Summarizer):
+        raise ConfigurationError(
+            "summarizer must implement tiered_history.Summarizer (name, summarize, merge) "
+            "or be a mapping of summariser settings"
         )
-        self._plan = escalation_budget(
-            s.context_budget,
+    if settings is None:
+        settings = Settings.load(**overrides)
+    elif overrides:
+        settings = Settings.load(**{**settings.model_dump(), **overrides})
+    counter = TokenCounter(settings.model)
+    url = target if target is not None else settings.database_url or "sqlite:///tiered_history.db"
+    store = open_store(url)
+    return Parts(
+        settings,
+        counter,
+        store,
+        summarizer or build_summarizer(settings.summarizer, counter),
+        ExtractiveSummarizer(counter),
+    )
+
+
+class ReplyPath:
+    """Every call of the reply path, synchronous: validate, plan with the core, read or commit."""
+
+    def __init__(self, settings: Settings, counter: TokenCounter, store: Store) -> None:
+        s = settings
+        self.settings = settings
+        self.counter = counter
+        self.store = store
+        self.shares = Shares(
+            s.tiers.current_topic,
+            s.tiers.topic_summaries,
+            s.tiers.bulk_archives,
+            s.redistribute_unused,
+            recall=s.recall.share if s.recall.enabled else 0.0,
+            anchor=s.window_step,
+            cache_min=s.cache_min_tokens,
+        )
+        self._measured: dict[str, int] = {}
+        self.states = StateCache()
+        self._rules: dict[tuple[str | None, int | None], BoundaryRules] = {}
+
+    def read_state(self, conversation_id: str) -> ConversationState | None:
+        """The conversation's state, read from the store (and remembered)."""
+        state = self.store.read_state(conversation_id)
+        if state is None:
+            self.states.forget(conversation_id)
+        else:
+            self.states.put(state)
+        return state
+
+    def known_state(self, conversation_id: str) -> ConversationState | None:
+        """The state as last seen here, else as read now."""
+        return self.states.get(conversation_id) or self.read_state(conversation_id)
+
+    def rules(self, platform: str | None, budget: int | None) -> BoundaryRules:
+        """The boundary rules of a conversation on ``platform`` read with ``budget`` tokens."""
+        found = self._rules.get((platform, budget))
+        if found is None:
+            if len(self._rules) >= 256:
+                self._rules.pop(next(iter(self._rules)))
+            found = self._rules[(platform, budget)] = self._build_rules(platform, budget)
+        return found
+
+    def _build_rules(self, platform: str | None, budget: int | None) -> BoundaryRules:
+        s = self.settings
+        b = s.boundaries
+        p = s.platforms.get(platform) if platform is not None else None
+
+        def pick(value: Any, default: Any) -> Any:
+            return default if value is None else value
+
+        languages = pick(p.languages if p else None, b.languages)
+        extra = [*b.trigger_phrases, *((p.trigger_phrases or []) if p else [])]
+        return BoundaryRules(
+            explicit=pick(p.explicit if p else None, b.explicit),
+            temporal=pick(p.temporal if p else None, b.temporal),
+            size=pick(p.size if p else None, b.size),
+            cohesion=pick(p.cohesion if p else None, b.cohesion),
+            unseal=b.unseal,
+            phrases=phrases_for(languages, extra),
+            trigger_roles=tuple(b.trigger_roles),
+            silence=timedelta(minutes=pick(p.silence_minutes if p else None, s.silence_minutes)),
+            # The size rule follows the budget the conversation is read with (issue 14).
+            size_limit=topic_size_limit(budget or s.context_budget, s.tiers.current_topic, s.token_threshold),
+            min_tokens=b.min_topic_tokens,
+        )
+
+    def plan_for(self, state: ConversationState) -> EscalationBudget:
+        """What maintenance plans against for this conversation: its budget's shares and targets."""
+        s = self.settings
+        return escalation_budget(
+            state.budget or s.context_budget,
             s.tiers.topic_summaries,
             s.tiers.bulk_archives,
             s.topic_summary_tokens,
             s.bulk_summary_tokens,
             s.bulk_merge_size,
+            recall_share=self.shares.recall,
+            reference_budget=s.context_budget,
+            current_share=s.tiers.current_topic,
         )
-        self._shares = Shares(
-            s.tiers.current_topic, s.tiers.topic_summaries, s.tiers.bulk_archives, s.redistribute_unused
-        )
-        self._initialized = False
-        self._init_lock = asyncio.Lock()
-        self._background: Any = None
 
-    @classmethod
-    def from_url(
-        cls,
-        url: str | None = None,
-        *,
-        settings: Settings | None = None,
-        summarizer: Summarizer | Mapping[str, Any] | None = None,
-        **overrides: Any,
-    ) -> HistoryCompressor:
-        return cls(url, settings=settings, summarizer=summarizer, **overrides)
+    def rules_for(self, state: ConversationState | None, platform: str | None = None) -> BoundaryRules:
+        """The boundary rules of a conversation (of a new one on ``platform`` when ``state`` is None)."""
+        if state is None:
+            return self.rules(platform, None)
+        return self.rules(state.platform or platform, state.budget)
 
-    # -- lifecycle ------------------------------------------------------------------------
+    # -- writing -------------------------------------------------------------------------------
 
-    async def initialize(self) -> None:
-        """Create or upgrade the schema (runs the Alembic migrations). Called on first use."""
-        async with self._init_lock:
-            if not self._initialized:
-                await self.store.initialize()
-                self._initialized = True
-
-    async def _ready(self) -> None:
-        if not self._initialized:
-            await self.initialize()
-
-    async def close(self) -> None:
-        await self.stop_background()
-        await self.store.close()
-
-    async def __aenter__(self) -> HistoryCompressor:
-        await self.initialize()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    # -- the reply path -------------------------------------------------------------------
-
-    def prepare(self, message: Message | Mapping[str, Any]) -> PreparedMessage:
+    def prepare(self, message: object) -> Incoming:
         """Validate a message and count its tokens (once, before it is stored)."""
-        msg = Message.parse(message)
-        if len(msg.content) > self.settings.max_content_chars:
+        n = normalize_message(message, now=datetime.now(UTC))
+        if len(n.text) > self.settings.max_content_chars:
             raise InvalidMessageError(
-                f"content is {len(msg.content)} characters long; the maximum is "
+                f"content is {len(n.text)} characters long; the maximum is "
                 f"{self.settings.max_content_chars} (setting max_content_chars)"
             )
-        wire = msg.to_openai()
-        full = self.counter.message_tokens(wire)
-        shown = head_tail(msg.content, self.settings.max_message_chars)
-        tokens = full if shown is None else self.counter.message_tokens({**wire, "content": shown})
-        return PreparedMessage(msg, tokens, full, shown)
+        payload = n.payload
+        full = self.counter.message_tokens(payload)
+        content = payload.get("content")
+        if isinstance(content, str):
+            # The text is kept in its own column; the rest of the message as given.
+            wire = {k: v for k, v in payload.items() if k not in ("role", "content")}
+        else:
+            wire = {k: v for k, v in payload.items() if k != "role"}
+            if "content" not in payload:
+                wire[NO_CONTENT] = True
+        return Incoming(
+            role=n.role,
+            content=n.text,
+            wire=wire or None,
+            timestamp=n.timestamp,
+            token_count=full,
+            full_token_count=full,
+            pinned=n.pinned,
+            tool_call_ids=n.tool_call_ids,
+            tool_call_id=n.tool_call_id,
+            metadata=n.metadata or None,
+            words=len(words(n.text)),
+        )
 
-    def _policy(self, topic: OpenTopic, prepared: PreparedMessage) -> str | None:
-        m = prepared.message
-        return decide(self._rules, topic, m.role, m.content, m.timestamp, prepared.token_count)
+    def _commit_planned(
+        self, conversation_id: str, plan: Callable[[ConversationState | None], Writes | None]
+    ) -> Writes | None:
+        """Plan from the known state and commit it, guarded by its version (one short transaction).
 
-    async def add_message(
-        self, conversation_id: str, message: Message | Mapping[str, Any], *, platform: str | None = None
-    ) -> StoredMessage:
-        """Store one message (with its exact token count). Seals the open topic on a boundary."""
-        validate_conversation_id(conversation_id)
+        When other writers keep getting there first, fall back to planning under the conversation's
+        lock, which cannot lose: optimistic when quiet, fair when contended.
+        """
+        state = self.known_state(conversation_id)
+        for _ in range(OPTIMISTIC_ATTEMPTS):
+            writes = plan(state)
+            if writes is None:
+                return None
+            done = self.store.commit(conversation_id, Guard(None if state is None else state.version), writes)
+            if done.outcome is Outcome.COMMITTED:
+                self.states.put(writes.state)
+                return writes
+            state = self.read_state(conversation_id)
+        for _ in range(OPTIMISTIC_ATTEMPTS):
+            done = self.store.update(conversation_id, plan)
+            if done.outcome is Outcome.COMMITTED:
+                if done.writes is not None:
+                    self.states.put(done.writes.state)
+                return done.writes
+            # Only a concurrent creation of the same new conversation gets here: plan again.
+        raise StoreError(
+            f"could not save to conversation {conversation_id!r}: other writers kept changing it"
+        )
+
+    def _origin(self, platform: str | None, channel: str | None, user_id: str | None) -> Origin:
         if platform is not None:
             validate_text_argument(platform, "platform", 64)
-        prepared = self.prepare(message)
-        await self._ready()
-        stored, sealed = await self.store.append(
-            conversation_id, platform, prepared, self._policy, datetime.now(UTC)
-        )
-        if sealed is not None and self.settings.summarize_inline:
-            await self.maintain(conversation_id)
-        return stored
+        if channel is not None:
+            validate_text_argument(channel, "channel", 255)
+        if user_id is not None:
+            validate_text_argument(user_id, "user_id", 255)
+        return Origin(platform, channel, user_id)
 
-    async def get_context(self, conversation_id: str, max_tokens: int | None = None) -> CompressedContext:
-        """What to send to the model: never more than ``max_tokens`` tokens, framing included."""
-        validate_conversation_id(conversation_id)
-        if max_tokens is None:
-            max_tokens = self.default_max_tokens()
-        check_max_tokens(max_tokens)
-        await self._ready()
-        budget = max_tokens
+    def _append(
+        self, conversation_id: str, messages: Sequence[Incoming], origin: Origin
+    ) -> tuple[list[StoredMessage], bool]:
+        """Store ``messages`` in order, in one write; returns them and whether a topic was sealed."""
+        now = datetime.now(UTC)
 
-        def covered_budget(rows: ContextRows) -> tuple[int, int]:
-            # A dry run on what is read so far: the room it leaves is all the dropped-archive
-            # text the real assembly could use, plus the summaries it could swap out for messages.
-            if not self._shares.redistribute:
-                return 0, 0
-            dry = self._assemble(conversation_id, budget, self._checked(rows))
-            room = budget - dry.total_tokens
-            dropped = room if len(dry.bulk_archives) == len([a for a in rows.archives if a.rendered]) else 0
-            covered = 0
-            if rows.topics and not dry.omitted_messages and dry.historical_topics:
-                covered = room + dry.tier_tokens["topic"]
-            return dropped, covered
-
-        rows = self._checked(await self.store.read_context(conversation_id, max_tokens, covered_budget))
-        return self._assemble(conversation_id, max_tokens, rows)
-
-    def _checked(self, rows: ContextRows) -> ContextRows:
-        """Rows whose stored counts came from this tokenizer (recounted if ``model`` changed)."""
-        if rows.state.encoding and rows.state.encoding != self.counter.encoding_name:
-            return self._recount(rows)
-        return rows
-
-    def _assemble(self, conversation_id: str, max_tokens: int, rows: ContextRows) -> CompressedContext:
-        return assemble(
-            conversation_id=conversation_id,
-            max_tokens=max_tokens,
-            shares=self._shares,
-            counter=self.counter,
-            pinned=rows.pinned,
-            verbatim=rows.verbatim,
-            topics=[t for t in rows.topics if t.rendered],
-            archives=[a for a in rows.archives if a.rendered],
-            dropped=[a for a in rows.dropped if a.rendered],
-            covered=rows.covered,
-            newest_sequence=rows.state.last_sequence or None,
-            uncovered_total=rows.state.last_sequence
-            - rows.state.summarized_upto
-            - sum(1 for p in rows.pinned if p.sequence > rows.state.summarized_upto),
-        )
-
-    def _recount(self, rows: ContextRows) -> ContextRows:
-        """Stored counts came from another tokenizer (``model`` changed): count the rows read again."""
-        count = self.counter.message_tokens
-
-        def msg(m: StoredMessage) -> StoredMessage:
-            return replace(
-                m, token_count=count(m.to_openai()), full_token_count=count(m.to_openai(m.content))
+        def plan(state: ConversationState | None) -> Writes:
+            return append_all(
+                state,
+                conversation_id,
+                messages,
+                self.rules_for(state, origin.platform),
+                platform=origin.platform,
+                encoding=state.encoding if state is not None else self.counter.encoding_name,
+                now=now,
+                origin=origin,
             )
 
-        def summ(x: Summary) -> Summary:
-            return replace(x, token_count=count(x.to_openai()) if x.rendered else 0)
+        writes = self._commit_planned(conversation_id, plan)
+        assert writes is not None
+        stored = [self._shown(to_stored(conversation_id, m)) for m in writes.messages]
+        return stored, bool(writes.summaries)
 
-        return replace(
-            rows,
-            pinned=[msg(m) for m in rows.pinned],
-            verbatim=[msg(m) for m in rows.verbatim],
-            topics=[summ(t) for t in rows.topics],
-            archives=[summ(a) for a in rows.archives],
-            dropped=[summ(a) for a in rows.dropped],
-            covered=[msg(m) for m in rows.covered],
-        )
+    def add_message(
+        self,
+        conversation_id: str,
+        message: object,
+        *,
+        platform: str | None = None,
+        channel: str | None = None,
+        user_id: str | None = None,
+    ) -> tuple[StoredMessage, bool]:
+        """Store one message; returns it and whether the open topic was sealed before it."""
+        validate_conversation_id(conversation_id)
+        origin = self._origin(platform, channel, user_id)
+        stored, sealed = self._append(conversation_id, [self.prepare(message)], origin)
+        return stored[0], sealed
+
+    def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[object],
+        *,
+        platform: str | None = None,
+        channel: str | None = None,
+        user_id: str | None = None,
+    ) -> tuple[list[StoredMessage], bool]:
+        """Store a batch in one transaction, all or nothing; returns them and whether a topic was sealed."""
+        validate_conversation_id(conversation_id)
+        origin = self._origin(platform, channel, user_id)
+        if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+            raise InvalidMessageError(f"messages must be a list of messages, not {type(messages).__name__}")
+        prepared = []
+        for i, m in enumerate(messages):
+            try:
+                prepared.append(self.prepare(m))
+            except InvalidMessageError as exc:
+                raise InvalidMessageError(f"message {i} of the batch: {exc}") from None
+        if not prepared:
+            return [], False
+        return self._append(conversation_id, prepared, origin)
+
+    def pin(
+        self,
+        conversation_id: str,
+        message: object,
+        *,
+        key: str | None = None,
+        platform: str | None = None,
+        channel: str | None = None,
+    ) -> StoredMessage:
+        """Store ``message`` pinned: always sent, never cut or summarised. A ``key`` names the pin:
+        pinning again under the same key replaces it in the context (the old message stays stored)."""
+        validate_conversation_id(conversation_id)
+        if key is not None:
+            validate_text_argument(key, "pin key", 255)
+        if isinstance(message, str):
+            message = {"role": "system", "content": message}
+        incoming = replace(self.prepare(message), pinned=True, pin_key=key)
+        if incoming.tool_call_ids or incoming.role in ("tool", "function"):
+            raise InvalidMessageError("tool calls and tool results cannot be pinned")
+        stored, _ = self._append(conversation_id, [incoming], self._origin(platform, channel, None))
+        return stored[0]
+
+    def unpin(self, conversation_id: str, key: str) -> bool:
+        """Take the pin ``key`` out of the context (its message stays stored); False if there is none."""
+        validate_conversation_id(conversation_id)
+        validate_text_argument(key, "pin key", 255)
+        now = datetime.now(UTC)
+        self.require(conversation_id)
+
+        def plan(state: ConversationState | None) -> Writes | None:
+            if state is None:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            return unpin(state, key, now)
+
+        return self._commit_planned(conversation_id, plan) is not None
+
+    def delete_conversation(self, conversation_id: str) -> bool:
+        """Remove every row of a conversation (messages, summaries, archives, index entries, lease)
+        in one transaction, for privacy requests. False if it did not exist."""
+        validate_conversation_id(conversation_id)
+        gone = self.store.delete(conversation_id)
+        self.states.forget(conversation_id)
+        return gone
+
+    def fork(self, conversation_id: str, new_id: str, at_sequence: int | None = None) -> ConversationInfo:
+        """A new conversation ``new_id`` with this one's messages up to ``at_sequence`` (default: all)
+        and the summaries of the topics that end by then (for retry and edit flows)."""
+        validate_conversation_id(conversation_id)
+        validate_conversation_id(new_id)
+        source = self.read_state(conversation_id)
+        if source is None:
+            raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+        at = source.last_sequence if at_sequence is None else at_sequence
+        if isinstance(at, bool) or not isinstance(at, int) or not 1 <= at <= source.last_sequence:
+            raise InvalidMessageError(f"at_sequence must be between 1 and {source.last_sequence}, not {at!r}")
+        messages = self.store.read_messages(conversation_id, 1, at)
+        summaries = [
+            *self.store.read_summaries(conversation_id, "topic"),
+            *self.store.read_summaries(conversation_id, "bulk"),
+        ]
+        writes = fork(source, new_id, messages, summaries, at, self.rules_for(source), datetime.now(UTC))
+        if not self.store.commit(new_id, Guard(None), writes).ok:
+            raise InvalidMessageError(f"conversation {new_id!r} exists already")
+        self.states.put(writes.state)
+        return _info(writes.state)
+
+    def get_messages(
+        self, conversation_id: str, first: int = 1, last: int | None = None
+    ) -> list[StoredMessage]:
+        """Stored messages with ``first <= sequence <= last`` (default: to the newest), oldest first."""
+        validate_conversation_id(conversation_id)
+        state = self.read_state(conversation_id)
+        if state is None:
+            raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+        for value, what in ((first, "first"), (last, "last")):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidMessageError(f"{what} must be an integer, not {type(value).__name__}")
+        end = state.last_sequence if last is None else last
+        return self._active_pins(state, self.store.read_messages(conversation_id, first, end))
+
+    def _active_pins(self, state: ConversationState, messages: list[StoredMessage]) -> list[StoredMessage]:
+        """``messages`` as shown: pinned only while their pin is active (a replaced pin is history)."""
+        active = set(state.pinned_sequences)
+        return [
+            self._shown(m if not m.pinned or m.sequence in active else replace(m, pinned=False))
+            for m in messages
+        ]
+
+    def list_conversations(
+        self,
+        *,
+        platform: str | None = None,
+        channel: str | None = None,
+        user_id: str | None = None,
+        active_since: datetime | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[ConversationInfo]:
+        """Conversations in id order (after ``after``), filtered by platform, channel, user and activity."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidMessageError(f"limit must be an integer from 1 to 10000, not {limit!r}")
+        out: list[ConversationInfo] = []
+        cursor = after
+        while len(out) < limit:
+            page = self.store.list_conversations(platform, cursor, max(limit, 100))
+            for state in page:
+                if channel is not None and state.channel != channel:
+                    continue
+                if user_id is not None and user_id not in state.users:
+                    continue
+                if active_since is not None and (
+                    state.last_message_at is None or state.last_message_at < active_since
+                ):
+                    continue
+                out.append(_info(state))
+                if len(out) == limit:
+                    break
+            if len(page) < max(limit, 100):
+                break
+            cursor = page[-1].id
+        return out
+
+    def seal_current_topic(self, conversation_id: str) -> Summary | None:
+        """Close the open topic now; the next maintenance summarises it."""
+        validate_conversation_id(conversation_id)
+        now = datetime.now(UTC)
+
+        def plan(state: ConversationState | None) -> Writes | None:
+            if state is None:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            sealed = seal_now(state, self.rules_for(state), MANUAL, now)
+            return None if sealed is None else sealed[0]
+
+        writes = self._commit_planned(conversation_id, plan)
+        if writes is None:
+            return None
+        topic = self.store.read_summaries(conversation_id, "topic", writes.summaries[0].ordinal - 1)
+        return topic[0] if topic else None
+
+    # -- reading -------------------------------------------------------------------------------
 
     def default_max_tokens(self) -> int:
-        """The model's input window (litellm) minus ``reserve_output_tokens``, else ``context_budget``."""
+        """The model's input window minus ``reserve_output_tokens``, else ``context_budget``."""
         from .modelinfo import input_window
 
         window = input_window(self.settings.model)
@@ -303,362 +531,301 @@ class HistoryCompressor:
             return self.settings.context_budget
         return max(window - self.settings.reserve_output_tokens, 1)
 
-    async def seal_current_topic(self, conversation_id: str) -> Summary | None:
-        """Close the open topic now; it is summarised by the next ``maintain()``."""
-        validate_conversation_id(conversation_id)
-        await self._ready()
-        sealed = await self.store.seal(conversation_id, MANUAL, datetime.now(UTC))
-        if sealed is not None and self.settings.summarize_inline:
-            await self.maintain(conversation_id)
-        return sealed
+    def _request(self, state: ConversationState, max_tokens: int) -> ContextRequest:
+        # Enough recent messages for any window (the budget, plus a chunk to find anchors in),
+        # and the live summaries and archives, newest first, as far as a budget could use them.
+        cap = max_tokens + int(max_tokens * self.shares.anchor) + 1
+        mark = state.window
+        return ContextRequest(
+            (Window(0, state.last_sequence, cap),),
+            (
+                SummaryWindow("topic", state.topics_merged_upto, max_tokens),
+                SummaryWindow("bulk", 0, max_tokens),
+            ),
+            mark.shown if mark is not None and mark.budget == max_tokens else (),
+        )
 
-    async def get_history(self, conversation_id: str) -> History:
+    def snapshot(self, conversation_id: str, max_tokens: int) -> Snapshot:
+        """The rows a context is built from, in one consistent read (planned from the state)."""
+        state = self.known_state(conversation_id)
+        deadline = time.monotonic() + REPLAN_SECONDS
+        while time.monotonic() < deadline:
+            if state is None:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            snap = self.store.read_context(conversation_id, self._request(state, max_tokens), state.version)
+            if snap is not None:
+                self.states.put(snap.state)
+                return snap
+            state = self.read_state(conversation_id)
+        raise StoreError(f"could not read conversation {conversation_id!r}: it kept changing")
+
+    def get_context(
+        self, conversation_id: str, max_tokens: int | None = None, query: str | None = None
+    ) -> CompressedContext:
+        """What to send to the model: never more than ``max_tokens`` tokens, framing included."""
+        validate_conversation_id(conversation_id)
+        if max_tokens is None:
+            max_tokens = self.default_max_tokens()
+        check_max_tokens(max_tokens)
+        if query is not None:
+            validate_text_argument(query, "query", 10_000)
+        snap = self.snapshot(conversation_id, max_tokens)
+        ctx = self.assemble(conversation_id, max_tokens, snap, query)
+        self._remember(snap.state, max_tokens, ctx)
+        return ctx
+
+    def _remember(self, state: ConversationState, max_tokens: int, ctx: CompressedContext) -> None:
+        """Keep the budget this conversation is read with (topic sizes and merges follow it) and
+        where its window starts (it moves only at events). Skipped when another writer got there
+        first: the next read decides the same."""
+        start = ctx.current_topic[0].sequence if ctx.current_topic and not ctx.truncated_newest else None
+        shown = tuple(x.id for x in ctx.bulk_archives + ctx.historical_topics)
+        mark = WindowMark(start, max_tokens, state.epoch, shown) if start is not None else state.window
+        if state.budget == max_tokens and mark == state.window:
+            return
+        after = state.bumped(budget=max_tokens, window=mark)
+        if self.store.commit(state.id, Guard(state.version), Writes(after)).ok:
+            self.states.put(after)
+
+    def assemble(
+        self, conversation_id: str, max_tokens: int, snap: Snapshot, query: str | None = None
+    ) -> CompressedContext:
+        """The context from a snapshot: recall candidates searched, then the core's assembly."""
+        state = snap.state
+        recount = bool(state.encoding) and state.encoding != self.counter.encoding_name
+        fix = self._recounted if recount else (lambda m: m)
+        summ = self._recounted_summary if recount else (lambda x: x)
+        recent = [fix(m) for m in snap.windows[0]]
+        topics = [summ(t) for t in snap.summaries[0] if t.content]
+        archives = sorted((summ(a) for a in snap.summaries[1] if a.content), key=lambda a: a.first_sequence)
+        text = self._query_text(recent, query)
+        recall = [self._recounted_candidate(c) if recount else c for c in self._recall(conversation_id, text)]
+        pinned = [fix(m) for m in snap.pinned]
+        rows = Rows(
+            pinned=pinned,
+            recent=recent,
+            end_position=state.context_tokens if not recount else sum(m.token_count for m in recent),
+            topics=topics,
+            archives=archives,
+            recall=recall,
+            uncovered=max(
+                state.last_sequence
+                - state.summarized_upto
+                - len([p for p in pinned if p.sequence > state.summarized_upto]),
+                0,
+            ),
+            summarized_upto=state.summarized_upto,
+            query=text,
+            mark=state.window,
+            epoch=state.epoch,
+            growth=self._growth(state),
+            frozen=[summ(x) for x in snap.by_id if x.content],
+        )
+        return assemble(
+            conversation_id=conversation_id,
+            max_tokens=max_tokens,
+            shares=self.shares,
+            counter=self.counter,
+            rows=rows,
+            measure=self._measure,
+        )
+
+    def _growth(self, state: ConversationState) -> int:
+        """How much the open topic may grow before a rule seals it (an event): the size rule's limit
+        less what it holds already; with no size rule, a step of the window."""
+        rules = self.rules_for(state)
+        if rules.size:
+            return max(rules.size_limit - state.open.tokens, 0)
+        return int((state.budget or self.settings.context_budget) * self.shares.anchor)
+
+    def _measure(self, text: str) -> int:
+        """Framed tokens of a user message with ``text`` (memoised: blocks repeat turn after turn)."""
+        found = self._measured.get(text)
+        if found is None:
+            found = self.counter.message_tokens({"role": "user", "content": text})
+            if len(self._measured) >= 512:
+                self._measured.pop(next(iter(self._measured)))
+            self._measured[text] = found
+        return found
+
+    def _query_text(self, recent: Sequence[StoredMessage], query: str | None) -> str:
+        """What recall looks for: ``query`` if given, else the newest user message (with a little
+        of what came just before it, weighted less)."""
+        if query is not None:
+            return query
+        if not self.settings.recall.enabled:
+            return ""
+        for i in range(len(recent) - 1, -1, -1):
+            if recent[i].role == "user":
+                return recent[i].content
+        return recent[-1].content if recent else ""
+
+    def _recall(self, conversation_id: str, text: str) -> list[Recalled]:
+        """Recall candidates for ``text``: the best-matching messages (whole tool units) and summaries."""
+        if not text or not self.settings.recall.enabled:
+            return []
+        q = recall_query(text)
+        if not q.groups:
+            return []
+        limit = self.settings.recall.max_items
+        out: list[Recalled] = []
+        hits = self.store.search(conversation_id, q, limit * 2)
+        tools = [
+            h.message
+            for h in hits
+            if h.message is not None and (h.message.role == "tool" or h.message.tool_calls)
+        ]
+        around: dict[int, StoredMessage] = {}
+        if tools:
+            lo = min(m.sequence for m in tools) - MAX_UNIT
+            hi = max(m.sequence for m in tools) + MAX_UNIT
+            around = {m.sequence: m for m in self.store.read_messages(conversation_id, max(lo, 1), hi)}
+        for h in hits:
+            m = h.message
+            if m is None or m.pinned or h.score < RECALL_MIN_SCORE:
+                continue
+            unit = _unit_of(m, around) if m.role == "tool" or m.tool_calls else (m,)
+            if unit:
+                out.append(Recalled(h.score, messages=unit))
+        for h in self.store.search(conversation_id, q, max(limit // 2, 1), kind="summary"):
+            if h.summary is not None and h.summary.content and h.score >= RECALL_MIN_SCORE:
+                out.append(Recalled(h.score, summary=h.summary))
+        return out
+
+    def _recounted_candidate(self, c: Recalled) -> Recalled:
+        if c.summary is not None:
+            return replace(c, summary=self._recounted_summary(c.summary))
+        return replace(c, messages=tuple(self._recounted(m) for m in c.messages))
+
+    def _shown(self, m: StoredMessage) -> StoredMessage:
+        """Kept for callers of the first API: messages are stored and shown whole."""
+        return m
+
+    def _recounted(self, m: StoredMessage) -> StoredMessage:
+        """Stored counts came from another tokenizer (``model`` changed): count the message again."""
+        n = self.counter.message_tokens(m.to_openai())
+        return replace(m, token_count=n, full_token_count=n)
+
+    def _recounted_summary(self, x: Summary) -> Summary:
+        n = self.counter.count(item_line(x.content, x.started_at, x.ended_at)) + 1 if x.content else 0
+        return replace(x, token_count=n)
+
+    def get_history(self, conversation_id: str) -> History:
         """Every message, topic summary and archive (dropped ones included)."""
         validate_conversation_id(conversation_id)
-        await self._ready()
-        return await self.store.history(conversation_id)
+        state = self.read_state(conversation_id)
+        if state is None:
+            raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+        messages = self._active_pins(state, self.store.read_messages(conversation_id, 1, state.last_sequence))
+        return History(
+            conversation_id=conversation_id,
+            platform=state.platform,
+            messages=messages,
+            topics=self.store.read_summaries(conversation_id, "topic"),
+            archives=self.store.read_summaries(conversation_id, "bulk"),
+            open_topic_start=state.topic_start_seq,
+        )
 
-    async def search(self, conversation_id: str, text: str, limit: int = 20) -> list[StoredMessage]:
-        """Stored messages containing ``text`` (case-insensitive), newest first."""
+    def search(self, conversation_id: str, text: str, limit: int = 20) -> list[SearchHit]:
+        """Stored messages matching ``text``, best first: BM25 over its words (a piece like
+        ``NEEDLE-4711`` is a phrase), newest first on equal scores; text with no word at all is
+        matched literally. Each hit carries its topic and the summary that represents it now."""
         validate_conversation_id(conversation_id)
         validate_text_argument(text, "search text", 10_000)
-        await self._ready()
-        await self._require(conversation_id)
-        return await self.store.search(conversation_id, text, max(1, min(limit, 1000)))
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise InvalidMessageError(f"limit must be an integer, not {type(limit).__name__}")
+        if limit < 1:
+            raise InvalidMessageError(f"limit must be at least 1, not {limit}")
+        self.require(conversation_id)
+        hits = self.store.search(conversation_id, parse_query(text), min(limit, 1000))
+        if not hits:
+            return []
+        topics = self.store.read_summaries(conversation_id, "topic")
+        archives = {a.id: a for a in self.store.read_summaries(conversation_id, "bulk")}
+        out = []
+        for h in hits:
+            assert h.message is not None
+            m = self._shown(h.message)
+            topic = next((t for t in topics if t.first_sequence <= m.sequence <= t.last_sequence), None)
+            covering = topic
+            while covering is not None and covering.merged_into is not None:
+                covering = archives.get(covering.merged_into)
+            if covering is not None and covering.status == "pending":
+                covering = None
+            out.append(SearchHit(m, h.score, topic, covering))
+        return out
 
-    async def exists(self, conversation_id: str) -> bool:
+    def exists(self, conversation_id: str) -> bool:
         """True once a message was stored for ``conversation_id``."""
         validate_conversation_id(conversation_id)
-        await self._ready()
-        return await self.store.state(conversation_id) is not None
+        return self.read_state(conversation_id) is not None
 
-    async def _require(self, conversation_id: str) -> None:
-        if await self.store.state(conversation_id) is None:
+    def require(self, conversation_id: str) -> None:
+        """Raise unless ``conversation_id`` is a valid id of a stored conversation."""
+        validate_conversation_id(conversation_id)
+        if self.read_state(conversation_id) is None:
             raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
 
-    async def stats(self, conversation_id: str | None = None) -> list[ConversationStats]:
+    def stats(self, conversation_id: str | None = None) -> list[ConversationStats]:
+        """Tier usage, compressions and summariser spend per conversation."""
         if conversation_id is not None:
             validate_conversation_id(conversation_id)
-        await self._ready()
-        return await self.store.stats(conversation_id)
+        found = self.store.stats(conversation_id)
+        if conversation_id is not None and not found:
+            raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+        return found
 
-    async def conversation_ids(self) -> list[str]:
-        await self._ready()
-        return await self.store.conversation_ids()
-
-    # -- background work ------------------------------------------------------------------
-
-    async def maintain(
-        self, conversation_id: str | None = None, now: datetime | None = None
-    ) -> MaintenanceReport:
-        """Do all pending compression work now: seal silent topics, summarise, merge, drop, retry.
-
-        Safe to run from many workers at once: each conversation is leased to one of them.
-        """
-        if conversation_id is not None:
-            validate_conversation_id(conversation_id)
-        await self._ready()
-        if conversation_id is not None:
-            await self._require(conversation_id)
-        report = MaintenanceReport()
-        batch = 16
-        after: str | None = None  # a pass walks the conversations with work once, in id order
-        while True:
-            at = now or datetime.now(UTC)
-            silence_before = (
-                at - timedelta(minutes=self.settings.silence_minutes)
-                if self.settings.boundaries.temporal
-                else None
-            )
-            claimed = await self.store.claim(
-                self.worker_id,
-                at,
-                self.settings.lease_seconds,
-                silence_before,
-                conversation_id,
-                batch,
-                self._rules.min_tokens,
-                after=after,
-            )
-            for state in claimed:
-                report.conversations += 1
-                await self._compact(state.id, at, silence_before, report)
-            if conversation_id is not None or not claimed:
-                return report
-            # Conversations that still have work (a topic that cannot be sealed yet, say) stay
-            # behind the cursor: they cannot crowd out the ones not visited yet in this pass.
-            after = claimed[-1].id  # in the database's own id order (its collation)
-
-    async def _compact(
-        self, cid: str, now: datetime, silence_before: datetime | None, report: MaintenanceReport
-    ) -> None:
-        owner = self.worker_id
-        s = self.settings
-        next_retry: datetime | None = None
-        try:
-            if silence_before is not None and await self.store.seal_if_silent(
-                owner, cid, silence_before, now
-            ):
-                report.sealed += 1
-            for topic in await self.store.topics_to_summarize(cid, now, s.summary_max_attempts):
-                await self._renew(cid)
-                write = await self._summarize_topic(topic, now)
-                if await self.store.save_topic_summary(owner, topic, write, now):
-                    report.summarized += 1
-                    report.provisional += write.status == "provisional"
-            plan = self._plan
-            # Read the active summaries once; each merge removes its group (a backlog stays linear).
-            active = await self.store.active_summaries(cid, "topic")
-            while True:
-                items = [escalation.Item(t.id, t.token_count) for t in active]
-                ids = escalation.next_merge(items, plan.topic_share, s.bulk_merge_size)
-                if not ids:
-                    break
-                group = [t for t in active if t.id in ids]
-                await self._renew(cid)
-                write = await self._merge(group)
-                if await self.store.save_archive(owner, cid, group, write, now) is None:
-                    break
-                report.merged += 1
-                active = [t for t in active if t.id not in ids]
-            archives = await self.store.active_summaries(cid, "bulk")
-            drop = escalation.archives_to_drop(
-                [escalation.Item(a.id, a.token_count) for a in archives], plan.bulk_share
-            )
-            if drop:
-                report.dropped += await self.store.drop_archives(owner, cid, drop, now)
-            next_retry = await self.store.next_retry(cid, s.summary_max_attempts)
-        except asyncio.CancelledError:
-            # Give the conversation back now rather than when the lease expires.
-            await asyncio.shield(self.store.release(owner, cid, True, None))
-            raise
-        except LeaseLostError:
-            report.lease_lost += 1
-            log.warning("lease on %s was taken over by another worker; stopping this pass", cid)
-            return
-        except Exception as exc:
-            # Keep other conversations going; the flag stays set so the work is retried.
-            log.exception("maintenance of %s failed", cid)
-            report.errors.append(f"{cid}: {exc}")
-            await self.store.release(owner, cid, True, now + timedelta(seconds=s.retry_backoff_seconds))
-            return
-        await self.store.release(owner, cid, next_retry is not None, next_retry)
-
-    async def _renew(self, cid: str) -> None:
-        until = datetime.now(UTC) + timedelta(seconds=self.settings.lease_seconds)
-        if not await self.store.renew(self.worker_id, cid, until):
-            raise LeaseLostError(cid)
-
-    def _write(
-        self,
-        tier: str,
-        text: str,
-        status: str,
-        first: int,
-        last: int,
-        started: datetime,
-        ended: datetime,
-        result: Any = None,
-        error: str | None = None,
-        next_attempt_at: datetime | None = None,
-        spent: Spend | None = None,
-    ) -> SummaryWrite:
-        rendered = render_summary(tier, text, first, last, started, ended) if text.strip() else ""
-        tokens = self.counter.message_tokens({"role": "user", "content": rendered}) if rendered else 0
-        write = SummaryWrite(
-            content=text,
-            rendered=rendered,
-            token_count=tokens,
-            status=status,
-            summarizer=getattr(result, "summarizer", "extractive"),
-            model=getattr(result, "model", None),
-            prompt_tokens=getattr(result, "prompt_tokens", 0),
-            completion_tokens=getattr(result, "completion_tokens", 0),
-            cost=getattr(result, "cost", 0.0),
-            latency_ms=getattr(result, "latency_ms", 0.0),
-            next_attempt_at=next_attempt_at,
-            last_error=error,
-        )
-        return _charged(write, spent)
-
-    async def _call(self, coro: Any) -> Any:
-        return await asyncio.wait_for(coro, timeout=self.settings.summarizer.timeout)
-
-    def _acceptable(self, text: Any, limit: int) -> str | None:
-        """Why a summariser's text is rejected, or None if it is usable."""
-        if not isinstance(text, str) or not text.strip():
-            return "empty summary"
-        n = self.counter.count(text)
-        if n > limit * _MAX_OVERSHOOT:
-            return f"summary ({n} tokens) is far over its limit ({limit} tokens)"
-        return None
-
-    def _header_tokens(self, tier: str, args: tuple[int, int, datetime, datetime]) -> int:
-        """Framed tokens of a rendered summary around its text (the delimiters and date range)."""
-        return self.counter.message_tokens({"role": "user", "content": render_summary(tier, "", *args)})
-
-    async def _summarize_topic(self, topic: Summary, now: datetime) -> SummaryWrite:
-        s = self.settings
-        msgs = await self.store.topic_messages(
-            topic.conversation_id, topic.first_sequence, topic.last_sequence
-        )
-        args = (topic.first_sequence, topic.last_sequence, topic.started_at, topic.ended_at)
-        if not msgs:  # only pinned messages: they are always sent verbatim anyway
-            return self._write("topic", "", "final", *args)
-        source = sum(m.full_token_count for m in msgs)
-        # Inflation guard: the rendered summary must cost less than the messages it replaces.
-        cap = min(self._plan.topic_target, source - self._header_tokens("topic", args) - 3)
-        transcript = "\n".join(f"{_speaker(m)}: {m.content}" for m in msgs)
-        if cap < _MIN_SUMMARY_TOKENS or self.counter.count(transcript) <= cap:
-            # Small topics fit whole: keep them word for word, with no summariser call. (Only a
-            # manual seal makes a topic too small to shrink: phrases and silence wait for min_topic_tokens.)
-            return self._write("topic", transcript, "final", *args, result=_Verbatim())
-        inputs = [SummaryInput(m.sequence, m.role, m.content, m.timestamp, m.name) for m in msgs]
-        error: str | None = None
-        spent = Spend()
-        if not isinstance(self.summarizer, ExtractiveSummarizer):
-            result: Any = None
-            with spend_ledger() as spent:
-                try:
-                    result = await self._call(self.summarizer.summarize(inputs, cap))
-                    error = self._acceptable(result.text, cap)
-                    if error is None:
-                        text = result.text.strip()
-                        write = self._write("topic", text, "final", *args, result=result, spent=spent)
-                        if write.token_count < source:
-                            return write
-                        error = (
-                            f"summary ({write.token_count} tokens) is not smaller than its source ({source})"
-                        )
-                except (Exception, asyncio.CancelledError) as exc:  # the LLM may fail in any way
-                    _reraise_if_we_are_cancelled(exc)
-                    error = f"{type(exc).__name__}: {exc}"[:500]
-            spent = _spend_of(spent, result)
-            log.warning("summariser failed for %s topic %s: %s", topic.conversation_id, topic.sequence, error)
-        if topic.status == "provisional":
-            # A retry that failed again: keep the existing extractive text, record the attempt
-            # and what it cost.
-            retry_at = now + timedelta(
-                seconds=escalation.retry_delay(topic.attempts + 1, s.retry_backoff_seconds)
-            )
-            retry = SummaryWrite(
-                content=topic.content,
-                rendered=topic.rendered,
-                token_count=topic.token_count,
-                status="provisional" if topic.attempts + 1 < s.summary_max_attempts else "final",
-                summarizer=topic.summarizer or "extractive",
-                model=topic.model,
-                next_attempt_at=retry_at,
-                last_error=error,
-            )
-            return _charged(retry, spent)
-        fb = await self.fallback.summarize(inputs, cap)
-        provisional = error is not None
-        first_retry: datetime | None = None
-        if provisional:
-            first_retry = now + timedelta(seconds=escalation.retry_delay(1, s.retry_backoff_seconds))
-        status = "provisional" if provisional and s.summary_max_attempts > 1 else "final"
-        return self._write(
-            "topic", fb.text, status, *args, result=fb, error=error, next_attempt_at=first_retry, spent=spent
-        )
-
-    async def _merge(self, topics: Sequence[Summary]) -> SummaryWrite:
-        pieces = [
-            SummaryPiece(t.content, t.first_sequence, t.last_sequence, t.started_at, t.ended_at)
-            for t in topics
-        ]
-        args = (
-            topics[0].first_sequence,
-            topics[-1].last_sequence,
-            min(t.started_at for t in topics),
-            max(t.ended_at for t in topics),
-        )
-        source = sum(self.counter.count(t.content) for t in topics)
-        target = max(min(self._plan.bulk_target, source - 1), 1)
-        error: str | None = None
-        spent = Spend()
-        if not isinstance(self.summarizer, ExtractiveSummarizer):
-            result: Any = None
-            with spend_ledger() as spent:
-                try:
-                    result = await self._call(self.summarizer.merge(pieces, target))
-                    error = self._acceptable(result.text, target)
-                    if error is None and self.counter.count(result.text) >= source:
-                        error = "archive is not smaller than the summaries it merges"
-                    if error is None:
-                        return self._write(
-                            "bulk", result.text.strip(), "final", *args, result=result, spent=spent
-                        )
-                except (Exception, asyncio.CancelledError) as exc:
-                    _reraise_if_we_are_cancelled(exc)
-                    error = f"{type(exc).__name__}: {exc}"[:500]
-            spent = _spend_of(spent, result)
-            log.warning("summariser merge failed for %s: %s", topics[0].conversation_id, error)
-        fb = await self.fallback.merge(pieces, target)
-        return self._write("bulk", fb.text, "final", *args, result=fb, error=error, spent=spent)
-
-    # -- background scheduling (APScheduler) ------------------------------------------------
-
-    async def start_background(self, interval_seconds: float | None = None) -> None:
-        """Run ``maintain()`` every ``maintenance_interval_seconds`` inside this event loop."""
-        from .scheduler import BackgroundMaintenance
-
-        if self._background is None:
-            await self._ready()
-            self._background = BackgroundMaintenance(
-                self, interval_seconds or self.settings.maintenance_interval_seconds
-            )
-            self._background.start()
-
-    async def stop_background(self) -> None:
-        if self._background is not None:
-            await self._background.stop()
-            self._background = None
+    def conversation_ids(self) -> list[str]:
+        """Every stored conversation id."""
+        return self.store.conversation_ids()
 
 
-def _spend_of(ledger: Spend, result: object) -> Spend:
-    """What an attempt cost: the ledger if the summariser reports to it, else what its result says
-    (a summariser may return anything: only well-formed numbers are taken)."""
-    if ledger.calls:
-        return ledger
-    usage = [getattr(result, k, 0) for k in ("prompt_tokens", "completion_tokens", "cost")]
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in usage):
-        return ledger
-    if not any(usage):
-        return ledger
-    model = getattr(result, "model", None)
-    return Spend(1, int(usage[0]), int(usage[1]), float(usage[2]), model if isinstance(model, str) else None)
+#: Largest tool unit recall completes (a call with this many results around a hit).
+MAX_UNIT = 32
 
 
-def _charged(write: SummaryWrite, spent: Spend | None) -> SummaryWrite:
-    """``write`` carrying everything its attempt spent on model calls, accepted or not."""
-    if spent is None or not spent.calls:
-        return write
-    return replace(
-        write,
-        model=write.model if write.summarizer != "extractive" else spent.model or write.model,
-        prompt_tokens=spent.prompt_tokens,
-        completion_tokens=spent.completion_tokens,
-        cost=spent.cost,
+def _unit_of(hit: StoredMessage, around: dict[int, StoredMessage]) -> tuple[StoredMessage, ...]:
+    """The whole tool unit ``hit`` belongs to (the call and all its results), or () if incomplete."""
+    seq = hit.sequence
+    if hit.role == "tool":
+        while seq in around and around[seq].role == "tool":
+            seq -= 1
+        call = around.get(seq)
+    else:
+        call = hit
+    if call is None or not call.tool_calls:
+        return ()
+    wanted = {str(c.get("id")) for c in call.tool_calls}
+    unit = [call]
+    nxt = call.sequence + 1
+    while wanted and nxt in around and around[nxt].role == "tool":
+        wanted.discard(str(around[nxt].tool_call_id))
+        unit.append(around[nxt])
+        nxt += 1
+    return tuple(unit) if not wanted else ()
+
+
+def _info(state: ConversationState) -> ConversationInfo:
+    return ConversationInfo(
+        conversation_id=state.id,
+        platform=state.platform,
+        channel=state.channel,
+        users=state.users,
+        created_at=state.created_at,
+        last_active_at=state.last_message_at,
+        messages=state.last_sequence,
+        topics=state.topic_count,
+        archives=state.archive_count,
+        pinned=len(state.pins),
     )
 
 
-def _reraise_if_we_are_cancelled(exc: BaseException) -> None:
-    """A summariser's own CancelledError is a failure; cancellation of maintain() itself is not."""
-    task = asyncio.current_task()
-    if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
-        raise exc
-
-
-class _Verbatim:
-    summarizer = "verbatim"
-    model = None
-    prompt_tokens = 0
-    completion_tokens = 0
-    cost = 0.0
-    latency_ms = 0.0
-
-
-def _speaker(m: StoredMessage) -> str:
-    role = {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool"}[m.role]
-    return f"{m.name} ({m.role})" if m.name else role
+def _newest_unit(messages_oldest_first: list[StoredMessage]) -> list[StoredMessage]:
+    """The newest unpinned message, preceded by its tool call and sibling results if it is a tool result."""
+    msgs = [m for m in messages_oldest_first if not m.pinned]
+    if not msgs:
+        return []
+    start = len(msgs) - 1
+    while start > 0 and msgs[start].role == "tool":
+        start -= 1
+    return msgs[start:] if msgs[-1].role == "tool" else msgs[-1:]

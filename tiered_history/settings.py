@@ -19,25 +19,13 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from .core.phrases import DEFAULT_PHRASES, phrases_for
 from .errors import ConfigurationError
 
-DEFAULT_TRIGGER_PHRASES: tuple[str, ...] = (
-    "new topic",
-    "different topic",
-    "change of topic",
-    "changing the subject",
-    "change the subject",
-    "let's move on",
-    "lets move on",
-    "let us move on",
-    "moving on",
-    "on another note",
-    "on a different note",
-    "unrelated question",
-    "unrelated, but",
-    "switching gears",
-    "anyway,",
-)
+#: Every language with default trigger phrases (see :mod:`tiered_history.core.phrases`).
+LANGUAGES: tuple[str, ...] = tuple(DEFAULT_PHRASES)
+#: The trigger phrases used by default: those of every language above.
+DEFAULT_TRIGGER_PHRASES: tuple[str, ...] = phrases_for()
 
 
 _TRIGGER_ROLES: tuple[Literal["system", "user", "assistant", "tool"], ...] = ("user",)
@@ -68,11 +56,54 @@ class BoundarySettings(BaseModel):
     explicit: bool = True
     temporal: bool = True
     size: bool = True
-    trigger_phrases: list[str] = Field(default_factory=lambda: list(DEFAULT_TRIGGER_PHRASES))
+    cohesion: bool = True
+    unseal: bool = True
+    languages: list[str] = Field(default_factory=lambda: list(LANGUAGES))
+    trigger_phrases: list[str] = Field(default_factory=list)
     trigger_roles: list[Literal["system", "user", "assistant", "tool"]] = Field(
         default_factory=lambda: list(_TRIGGER_ROLES)
     )
     min_topic_tokens: int = Field(120, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _known_languages(self) -> BoundarySettings:
+        unknown = [lang for lang in self.languages if lang not in DEFAULT_PHRASES]
+        if unknown:
+            raise ValueError(
+                f"no default trigger phrases for {', '.join(unknown)} (known: {', '.join(LANGUAGES)}); "
+                "give that language's phrases in trigger_phrases instead"
+            )
+        return self
+
+    @property
+    def phrases(self) -> tuple[str, ...]:
+        """Every trigger phrase in force: the defaults of ``languages`` plus ``trigger_phrases``."""
+        return phrases_for(self.languages, self.trigger_phrases)
+
+
+class RecallSettings(BaseModel):
+    """What ``get_context`` recalls for the newest message from earlier in the conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    share: float = Field(0.4, ge=0.0, le=1.0)
+    max_items: int = Field(16, ge=1, le=200)
+
+
+class PlatformSettings(BaseModel):
+    """Rules for the conversations of one platform (``add_message(platform=...)``): each key left
+    out takes the global value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    silence_minutes: float | None = Field(None, gt=0, le=525_600)
+    explicit: bool | None = None
+    temporal: bool | None = None
+    size: bool | None = None
+    cohesion: bool | None = None
+    languages: list[str] | None = None
+    trigger_phrases: list[str] | None = None
 
 
 class SummarizerSettings(BaseModel):
@@ -85,6 +116,9 @@ class SummarizerSettings(BaseModel):
     api_base: str | None = None
     api_key: str | None = None
     timeout: float = Field(30.0, gt=0, le=3600)
+    """Seconds per request to the model (each retry and each chunk is a request)."""
+    deadline: float = Field(300.0, gt=0, le=86_400)
+    """Seconds for one whole summary: every request, retry and chunk of it."""
     max_retries: int = Field(0, ge=0, le=10)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
 
@@ -105,6 +139,9 @@ class Settings(BaseSettings):
     reserve_output_tokens: int = Field(1024, ge=0, le=1_000_000)
     tiers: TierShares = Field(default_factory=lambda: TierShares())
     redistribute_unused: bool = True
+    recall: RecallSettings = Field(default_factory=lambda: RecallSettings())
+    window_step: float = Field(0.5, gt=0.0, le=1.0)
+    cache_min_tokens: int = Field(2048, ge=0, le=10_000_000)
     max_message_chars: int = Field(2000, ge=200, le=10_000_000)
     max_content_chars: int = Field(1_000_000, ge=1000, le=100_000_000)
     topic_summary_tokens: int = Field(200, ge=20, le=100_000)
@@ -113,6 +150,7 @@ class Settings(BaseSettings):
     silence_minutes: float = Field(30.0, gt=0, le=525_600)
     token_threshold: float = Field(0.60, gt=0.0, le=1.0)
     boundaries: BoundarySettings = Field(default_factory=lambda: BoundarySettings())
+    platforms: dict[str, PlatformSettings] = Field(default_factory=dict)
     summarizer: SummarizerSettings = Field(default_factory=lambda: SummarizerSettings())
     summarize_inline: bool = False
     maintenance_interval_seconds: float = Field(30.0, gt=0, le=86_400)

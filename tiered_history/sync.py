@@ -1,48 +1,73 @@
-"""``SyncHistoryCompressor``: the blocking twin, built on the async one (never a copy).
+"""``SyncHistoryCompressor``: the blocking twin of :class:`~tiered_history.HistoryCompressor`.
 
-A private event loop runs in a daemon thread; each method submits the async
-method's coroutine to it and waits. So the two share every line of logic.
+Its reply-path methods call the same :class:`~tiered_history.service.ReplyPath` the async class
+runs, directly on the caller's thread: no event loop, no thread hop. Maintenance is async by
+nature (summarisers are), so ``maintain()`` and the background job run the same
+:class:`~tiered_history.maintenance.Maintenance` on a private event loop in a daemon thread.
+The docstrings are the async class's (set below), so the two faces cannot drift apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-import sqlalchemy as sa
-
-from .models import CompressedContext, ConversationStats, History, Message, StoredMessage, Summary
-from .service import HistoryCompressor, MaintenanceReport
+from .compressor import BaseCompressor, HistoryCompressor
+from .maintenance import MaintenanceReport
+from .models import (
+    CompressedContext,
+    ConversationInfo,
+    ConversationStats,
+    History,
+    SearchHit,
+    StoredMessage,
+    Summary,
+)
+from .service import ReplyPath
 from .settings import Settings
 from .store.base import Store
 from .summarizers import Summarizer
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 T = TypeVar("T")
 
 
 class _LoopThread:
+    """A private event loop in a daemon thread, started on first use."""
+
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="tiered-history", daemon=True)
-        self.thread.start()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        self._lock = threading.Lock()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        with self._lock:
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+                self.thread = threading.Thread(
+                    target=self.loop.run_forever, name="tiered-history", daemon=True
+                )
+                self.thread.start()
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def stop(self) -> None:
-        if self.loop.is_closed():
+        loop, thread = self.loop, self.thread
+        if loop is None or loop.is_closed():
             return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join()
+        loop.close()
 
 
-class SyncHistoryCompressor:
-    """Blocking version of :class:`HistoryCompressor` with the same methods."""
+class SyncHistoryCompressor(BaseCompressor):
+    """Blocking version of :class:`~tiered_history.HistoryCompressor` with the same methods."""
 
     def __init__(
         self,
@@ -52,35 +77,30 @@ class SyncHistoryCompressor:
         summarizer: Summarizer | Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
+        super().__init__(target, settings=settings, summarizer=summarizer, **overrides)
         self._loop = _LoopThread()
-        try:
-            self.aio = HistoryCompressor(target, settings=settings, summarizer=summarizer, **overrides)
-        except BaseException:
-            self._loop.stop()
-            raise
-        self.settings = self.aio.settings
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str | None = None,
-        *,
-        settings: Settings | None = None,
-        summarizer: Summarizer | Mapping[str, Any] | None = None,
-        **overrides: Any,
-    ) -> SyncHistoryCompressor:
-        return cls(url, settings=settings, summarizer=summarizer, **overrides)
+        self._init_lock = threading.Lock()
 
     def initialize(self) -> None:
-        self._loop.run(self.aio.initialize())
+        with self._init_lock:
+            if not self._initialized:
+                self.sync_store.initialize()
+                self._initialized = True
+
+    def _ready(self) -> ReplyPath:
+        if not self._initialized:
+            self.initialize()
+        return self.reply
 
     def close(self) -> None:
         try:
-            self._loop.run(self.aio.close())
+            self.stop_background()
+            self.sync_store.close()
         finally:
             self._loop.stop()
+            self.store.shutdown()
 
-    def __enter__(self) -> SyncHistoryCompressor:
+    def __enter__(self) -> Self:
         self.initialize()
         return self
 
@@ -90,36 +110,147 @@ class SyncHistoryCompressor:
         self.close()
 
     def add_message(
-        self, conversation_id: str, message: Message | Mapping[str, Any], *, platform: str | None = None
+        self,
+        conversation_id: str,
+        message: object,
+        *,
+        platform: str | None = None,
+        channel: str | None = None,
+        user_id: str | None = None,
     ) -> StoredMessage:
-        return self._loop.run(self.aio.add_message(conversation_id, message, platform=platform))
+        reply = self._ready()
+        stored, sealed = reply.add_message(
+            conversation_id, message, platform=platform, channel=channel, user_id=user_id
+        )
+        if sealed and self.settings.summarize_inline:
+            self.maintain(conversation_id)
+        return stored
 
-    def get_context(self, conversation_id: str, max_tokens: int | None = None) -> CompressedContext:
-        return self._loop.run(self.aio.get_context(conversation_id, max_tokens))
+    def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[object],
+        *,
+        platform: str | None = None,
+        channel: str | None = None,
+        user_id: str | None = None,
+    ) -> list[StoredMessage]:
+        reply = self._ready()
+        stored, sealed = reply.add_messages(
+            conversation_id, messages, platform=platform, channel=channel, user_id=user_id
+        )
+        if sealed and self.settings.summarize_inline:
+            self.maintain(conversation_id)
+        return stored
+
+    def pin(
+        self,
+        conversation_id: str,
+        message: object,
+        *,
+        key: str | None = None,
+        platform: str | None = None,
+        channel: str | None = None,
+    ) -> StoredMessage:
+        return self._ready().pin(conversation_id, message, key=key, platform=platform, channel=channel)
+
+    def unpin(self, conversation_id: str, key: str) -> bool:
+        return self._ready().unpin(conversation_id, key)
+
+    def get_context(
+        self, conversation_id: str, max_tokens: int | None = None, *, query: str | None = None
+    ) -> CompressedContext:
+        return self._ready().get_context(conversation_id, max_tokens, query)
 
     def seal_current_topic(self, conversation_id: str) -> Summary | None:
-        return self._loop.run(self.aio.seal_current_topic(conversation_id))
+        sealed = self._ready().seal_current_topic(conversation_id)
+        if sealed is not None and self.settings.summarize_inline:
+            self.maintain(conversation_id)
+        return sealed
 
     def get_history(self, conversation_id: str) -> History:
-        return self._loop.run(self.aio.get_history(conversation_id))
+        return self._ready().get_history(conversation_id)
 
-    def search(self, conversation_id: str, text: str, limit: int = 20) -> list[StoredMessage]:
-        return self._loop.run(self.aio.search(conversation_id, text, limit))
+    def get_messages(
+        self, conversation_id: str, first: int = 1, last: int | None = None
+    ) -> list[StoredMessage]:
+        return self._ready().get_messages(conversation_id, first, last)
+
+    def search(self, conversation_id: str, text: str, limit: int = 20) -> list[SearchHit]:
+        return self._ready().search(conversation_id, text, limit)
 
     def exists(self, conversation_id: str) -> bool:
-        return self._loop.run(self.aio.exists(conversation_id))
+        return self._ready().exists(conversation_id)
 
     def stats(self, conversation_id: str | None = None) -> list[ConversationStats]:
-        return self._loop.run(self.aio.stats(conversation_id))
+        return self._ready().stats(conversation_id)
 
     def conversation_ids(self) -> list[str]:
-        return self._loop.run(self.aio.conversation_ids())
+        return self._ready().conversation_ids()
+
+    def list_conversations(
+        self,
+        *,
+        platform: str | None = None,
+        channel: str | None = None,
+        user_id: str | None = None,
+        active_since: datetime | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[ConversationInfo]:
+        return self._ready().list_conversations(
+            platform=platform,
+            channel=channel,
+            user_id=user_id,
+            active_since=active_since,
+            after=after,
+            limit=limit,
+        )
+
+    def delete_conversation(self, conversation_id: str) -> bool:
+        return self._ready().delete_conversation(conversation_id)
+
+    def fork(self, conversation_id: str, new_id: str, at_sequence: int | None = None) -> ConversationInfo:
+        return self._ready().fork(conversation_id, new_id, at_sequence)
 
     def maintain(self, conversation_id: str | None = None, now: datetime | None = None) -> MaintenanceReport:
-        return self._loop.run(self.aio.maintain(conversation_id, now))
+        reply = self._ready()
+        if conversation_id is not None:
+            reply.require(conversation_id)
+        return self._loop.run(self.maintenance.run(conversation_id, now))
+
+    async def _start(self, interval_seconds: float) -> None:
+        from .scheduler import BackgroundMaintenance
+
+        self._background = BackgroundMaintenance(_Maintainer(self), interval_seconds)
+        self._background.start()
 
     def start_background(self, interval_seconds: float | None = None) -> None:
-        self._loop.run(self.aio.start_background(interval_seconds))
+        if self._background is None:
+            self._ready()
+            self._loop.run(self._start(interval_seconds or self.settings.maintenance_interval_seconds))
 
     def stop_background(self) -> None:
-        self._loop.run(self.aio.stop_background())
+        if self._background is not None:
+            self._loop.run(self._background.stop())
+            self._background = None
+
+
+class _Maintainer:
+    """Maintenance passes of a blocking compressor, awaited on its private loop."""
+
+    def __init__(self, compressor: SyncHistoryCompressor) -> None:
+        self.compressor = compressor
+
+    async def maintain(self) -> MaintenanceReport:
+        return await self.compressor.maintenance.run()
+
+
+#: The public methods both faces have; the blocking one takes the async one's documentation.
+TWIN_METHODS = tuple(
+    name
+    for name, value in vars(HistoryCompressor).items()
+    if callable(value) and not name.startswith("_") and name in vars(SyncHistoryCompressor)
+)
+for _name in TWIN_METHODS:
+    getattr(SyncHistoryCompressor, _name).__doc__ = getattr(HistoryCompressor, _name).__doc__

@@ -1,237 +1,204 @@
-"""``python -m bench.retention``: retention, speed and cost against peers; writes markdown and a plot."""
+"""``python -m bench.retention``: query retention, static retention (with cost and speed), cached prefix."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from importlib.metadata import PackageNotFoundError, version
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
-from bench._common import REPO, git_revision, log, machine, update_section
+from bench._common import REPO, log, machine, update_section
 
-from . import report
-from .data import DOMAINS, STOPWORDS, TURN_SECONDS, meeting_paths
-from .peers import SUMMARY_OVERHEAD
-from .replay import MAINTAIN_EVERY, OURS, SYSTEMS, MeetingResult, run_meeting
-from .speed import BUDGET, SpeedResults, run_sync
+from . import render, report
+from .data import DOMAINS, domain_of, meeting_paths
+from .prefix import BUDGET as PREFIX_BUDGET
+from .prefix import MAINTAIN_EVERY as PREFIX_EVERY
+from .prefix import SYSTEMS as PREFIX_SYSTEMS
+from .prefix import TURNS as PREFIX_TURNS
+from .prefix import PrefixResult, conversation_turns, meetings_in, run_prefix
+from .replay import QUERY, STATIC, MeetingResult, run_meeting
+from .speed import run_sync
+from .systems import QUERY_SYSTEMS, STATIC_SYSTEMS
 
-SECTION = "peers"
-#: Meetings replayed by default: keeps the whole run near 10 minutes on 2 busy cores.
-DEFAULT_LIMIT = 20
+T = TypeVar("T")
+PREFIX = "prefix"
+PARTS = (QUERY, STATIC, PREFIX)
+#: Sections of the benchmarks document, one per part (``--only`` rewrites just its own).
+SECTIONS = {QUERY: "retention_query", STATIC: "peers", PREFIX: "retention_prefix"}
+#: New sections go before this one when the document does not have them yet.
+ANCHOR = "peers"
+DEFAULT_BUDGETS = "1000,2000,4000,8000"
+QUICK = {"budgets": "1000,4000", "prefix_turns": 400}
 
 
-def _version(dist: str) -> str:
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-def versions() -> str:
-    dists = (
-        "tiered-history",
-        "langchain-core",
-        "summarization-pydantic-ai",
-        "pydantic-ai-slim",
-        "tiktoken",
-        "matplotlib",
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.retention",
+        description="Query retention, static retention, cost, speed and cached-prefix share on QMSum.",
     )
-    return ", ".join(f"{d} {_version(d)}" for d in dists)
-
-
-def command(args: argparse.Namespace) -> str:
-    parts = ["python -m bench.retention", f"--split {args.split}"]
-    parts.append(f"--limit {args.limit}")
-    parts += [f"--budgets {args.budgets}", f"--speed-sizes {args.speed_sizes}"]
-    if args.no_speed:
-        parts.append("--no-speed")
-    return " ".join(parts)
-
-
-def _findings(s: report.Summary, results: Sequence[MeetingResult], budgets: Sequence[int]) -> list[str]:
-    lines: list[str] = []
-    for b in budgets:
-        ours = s.means[(OURS, b, "all")]
-        peers = {p: s.means[(p, b, "all")] for p in SYSTEMS if p != OURS}
-        best = max(peers, key=lambda p: peers[p])
-        gap = 100 * (ours - peers[best])
-        used = statistics.fmean(r.budgets[b].used[OURS] / min(b, r.tokens) for r in results)
-        verdict = "ahead of" if gap > 0 else "behind"
-        lines.append(
-            f"- {b:,} tokens: tiered_history {100 * ours:.1f}% vs best peer ({best}) "
-            f"{100 * peers[best]:.1f}%: {abs(gap):.1f} points {verdict}; "
-            f"recency truncation {100 * peers['recency truncation']:.1f}%. "
-            f"tiered_history filled {100 * used:.0f}% of what it could use (min(budget, whole meeting))."
-        )
-    return lines
-
-
-def render(
-    args: argparse.Namespace,
-    results: Sequence[MeetingResult],
-    speed: SpeedResults | None,
-    seconds: float,
-    start_machine: str,
-) -> str:
-    budgets = [int(b) for b in args.budgets.split(",")]
-    s = report.summarise(results, budgets)
-    by_domain = {d: sum(1 for r in results if r.domain == d) for d in DOMAINS}
-    msgs = sum(r.messages for r in results)
-    toks = [r.tokens for r in results]
-    lines = [
-        "## Retention, speed and cost against peers",
-        "",
-        "### Run",
-        "",
-        f"- Machine: {start_machine} (other jobs shared the machine: wall-clock timings are inflated; "
-        "CPU times are given beside them).",
-        f"- Library: git {git_revision()}; {versions()}.",
-        f"- Command: `{command(args)}` (whole run {seconds / 60:.1f} min).",
-        f"- Data: QMSum {args.split} split, {len(results)} meetings ("
-        + ", ".join(f"{n} {d}" for d, n in by_domain.items())
-        + f"), {msgs:,} messages, {sum(r.queries for r in results)} specific queries; meetings of "
-        f"{min(toks):,}-{max(toks):,} tokens (median {statistics.median(toks):,.0f}) with OpenAI framing. "
-        f"{sum(r.skipped_turns for r in results)} empty turns skipped; "
-        f"{sum(r.dropped_queries for r in results)} queries without evidence content words dropped.",
-        "",
-        "### Method",
-        "",
-        "- Replay: each meeting is one conversation, one `user` message per turn, `name` = the speaker "
-        "sanitised to `[A-Za-z0-9_-]{1,64}` (pydantic-ai user parts have no name, so there the same "
-        f"sanitised name prefixes the text: `Name: text`), timestamps {TURN_SECONDS} s apart from "
-        "2024-01-15 09:00 UTC.",
-        f"- tiered_history: `HistoryCompressor.from_url('memory://', context_budget=<budget>, "
-        f"summarizer=<counting wrapper around ExtractiveSummarizer>)`, all other settings default "
-        f"(tiers 50/30/20, topic summaries 200 tokens, archives 300, size rule at 60% of the current-topic "
-        f"share, explicit phrases on); `maintain(now=<replay time>)` every {MAINTAIN_EVERY} messages and at "
-        "the end; then `get_context(conv, max_tokens=<budget>).to_messages()`. One replay per budget.",
-        "- recency truncation: the newest messages whose framed cost fits. langchain-core: "
-        "`trim_messages(strategy='last', token_counter=<tiktoken list counter with framing>, "
-        "max_tokens=<budget>)`. pydantic-ai SlidingWindow: `SlidingWindowProcessor(trigger=('tokens', "
-        "budget), keep=('tokens', budget), token_counter=<same counter>)` on the full list.",
-        "- pydantic-ai Summarization: `SummarizationProcessor(model=FunctionModel(<answers the summary "
-        "prompt with tiered_history's ExtractiveSummarizer>), trigger=('tokens', budget), keep=('tokens', "
-        f"budget // 2), token_counter=<same counter>)`, summaries of at most budget - budget // 2 - "
-        f"{SUMMARY_OVERHEAD} tokens, run after every message on the history it returned last time (as an "
-        "agent that stores the processed history does); its other settings are its defaults, so the text "
-        "it summarises is cut to its last 16,000 characters (`trim_tokens_to_summarize=4000`).",
-        "- Full history: the whole meeting, where it fits the budget (then retention is 100%).",
-        f"- Retention: for each query, the share of the distinct content words of its evidence span "
-        f"(lower-cased `\\w+`, not digits, not one of {len(STOPWORDS)} fixed stopwords: NLTK's English "
-        "list plus QMSum markup such as `disfmarker` and fillers such as `um`, `yeah`) found anywhere in "
-        "the context's text (contents and names); averaged over queries.",
-        "",
-        "### Retention",
-        "",
-        *([f"![retention vs budget]({Path(args.plot).name})", ""] if args.plot else []),
-    ]
-    lines += report.retention_tables(s, results, budgets)
-    lines += ["Summary:", "", *_findings(s, results, budgets), ""]
-    lines += [
-        "On the meetings whose whole transcript fits the budget (so the ceiling is 100%):",
-        "",
-        *report.fits_table(results, budgets),
-        "",
-        "Share of the usable window each system filled (tokens used / min(budget, whole meeting), mean "
-        "over meetings):",
-        "",
-        *report.utilisation_table(results, budgets),
-        "",
-        "Where tiered_history's evidence sat at the end of the replay (share of evidence words by the tier "
-        "of their turn; 'kept': share found in the context), and how many words of evidence represented by "
-        "a summary or archive in the context appear in that summary text:",
-        "",
-        *report.tier_table(results, budgets),
-        "",
-        "### Summariser cost",
-        "",
-        "Per 1,000 replayed messages (QMSum replays above). Input = the transcript or summaries handed to "
-        "the summariser; output = the summary; both in cl100k tokens, without the prompt template an LLM "
-        "would also read on each call. The other peers never summarise.",
-        "",
-        *report.cost_table(results, budgets),
-        "",
-        "Replay time (everything each system did during the replays, extractive summaries included):",
-        "",
-        *report.replay_time_table(results, budgets),
-        "",
-    ]
-    if speed is not None:
-        lines += [
-            "### Speed",
-            "",
-            f"Per-call latency of building a context of at most {BUDGET:,} tokens (synthetic conversation of "
-            "`bench.latency.generate`; tiered_history: `get_context` on a SQLite file after `maintain()`; "
-            "peers: one call over the full message list with a tiktoken counter that counts every message "
-            "each call; pydantic-ai Summarization's figure includes its extractive summary). Few calls "
-            f"where one call is slow: at most ~{args.speed_seconds:.0f} s of calls per cell.",
-            "",
-            *report.speed_tables(speed),
-            "",
-        ]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Retention, speed and cost of tiered_history against peers.")
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument(
-        "--limit",
-        type=int,
-        default=DEFAULT_LIMIT,
-        help=f"meetings, spread evenly over the split (default {DEFAULT_LIMIT}; 0 = all)",
-    )
-    p.add_argument("--budgets", default="1000,2000,4000,8000")
-    p.add_argument("--out", type=Path, help="update the peers section of this markdown file")
+    p.add_argument("--limit", type=int, help="meetings, spread evenly over the split (default: all; 0 = all)")
+    p.add_argument("--budgets", help=f"comma-separated token budgets (default {DEFAULT_BUDGETS})")
+    p.add_argument("--only", choices=PARTS, help="run one part (default: all three)")
+    p.add_argument("--out", type=Path, help="rewrite this part's sections of this markdown file")
     p.add_argument("--plot", type=Path, help="retention plot (default: retention.png beside --out)")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--json", type=Path, help="also write every per-query figure and prefix turn here")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--store", choices=["memory", "sqlite"], default="memory", help="tiered_history's store")
+    p.add_argument("--prefix-turns", type=int, help=f"turns of the prefix replay (default {PREFIX_TURNS})")
+    p.add_argument("--prefix-budget", type=int, default=PREFIX_BUDGET)
+    p.add_argument("--prefix-every", type=int, default=PREFIX_EVERY, help="maintain() every N turns")
     p.add_argument("--speed-sizes", default="1000,10000,100000")
     p.add_argument("--speed-calls", type=int, default=30)
     p.add_argument("--speed-seconds", type=float, default=12.0, help="time box per (system, size) cell")
     p.add_argument("--throughput", type=int, default=1000, help="messages for the add_message throughput")
-    p.add_argument("--no-speed", action="store_true")
+    p.add_argument("--no-speed", action="store_true", help="skip the speed part of the static section")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke run: one meeting per domain, budgets {QUICK['budgets']}, "
+        f"{QUICK['prefix_turns']} prefix turns, no speed (explicit options win)",
+    )
     args = p.parse_args(argv)
+    args.per_domain = args.quick and args.limit is None
+    if args.quick:
+        args.budgets = args.budgets or QUICK["budgets"]
+        args.prefix_turns = args.prefix_turns or QUICK["prefix_turns"]
+        args.no_speed = True
+    args.limit = args.limit or 0
+    args.budgets = args.budgets or DEFAULT_BUDGETS
+    args.prefix_turns = args.prefix_turns or PREFIX_TURNS
+    return args
+
+
+class Inline(Executor):
+    """Runs each job as it is submitted, in this process (``--jobs 1``: tests, profiling, debugging)."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        f: Future[T] = Future()
+        f.set_result(fn(*args, **kwargs))
+        return f
+
+
+def one_per_domain(paths: Sequence[Path]) -> list[Path]:
+    """The middle meeting (in name order) of each domain."""
+    out = []
+    for d in DOMAINS:
+        mine = [p for p in paths if domain_of(p.stem) == d]
+        if mine:
+            out.append(mine[len(mine) // 2])
+    return out
+
+
+def command(args: argparse.Namespace, parts: Sequence[str]) -> str:
+    out = ["python -m bench.retention", f"--split {args.split}"]
+    if QUERY in parts or STATIC in parts:
+        out += [] if args.per_domain else [f"--limit {args.limit}"]
+        out.append(f"--budgets {args.budgets}")
+    if args.only:
+        out.append(f"--only {args.only}")
+    if args.store != "memory":
+        out.append(f"--store {args.store}")
+    if PREFIX in parts:
+        out += [f"--prefix-turns {args.prefix_turns}", f"--prefix-budget {args.prefix_budget}"]
+        out.append(f"--prefix-every {args.prefix_every}")
+    if STATIC in parts and not args.no_speed:
+        out.append(f"--speed-sizes {args.speed_sizes}")
+    elif STATIC in parts:
+        out.append("--no-speed")
+    if args.quick:
+        out.append("--quick")
+    return " ".join(out)
+
+
+def write(path: Path, name: str, md: str) -> None:
+    """Rewrite section ``name`` of ``path``; a new section goes before :data:`ANCHOR` if that is there."""
+    begin = f"<!-- {name}:begin -->"
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    anchor = f"<!-- {ANCHOR}:begin -->"
+    if begin not in text and anchor in text and name != ANCHOR:
+        block = f"{begin}\n{md.rstrip()}\n<!-- {name}:end -->\n\n"
+        path.write_text(text.replace(anchor, block + anchor, 1), encoding="utf-8")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    update_section(path, name, md)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(argv)
     started = time.perf_counter()
     start_machine = machine()
+    parts = [args.only] if args.only else list(PARTS)
     budgets = tuple(int(b) for b in args.budgets.split(","))
-    paths = meeting_paths(args.data, args.split, args.limit or None)
-    log(f"retention: {len(paths)} meetings x budgets {budgets} on {args.jobs} processes")
+    sections = tuple(p for p in (QUERY, STATIC) if p in parts)
+    paths = meeting_paths(args.data, args.split, args.limit or None) if sections else []
+    if args.per_domain:
+        paths = one_per_domain(paths)
+    prefix_names = PREFIX_SYSTEMS
+    turns = conversation_turns(args.data, args.split, args.prefix_turns) if PREFIX in parts else []
+    log(
+        f"retention: {len(paths)} meetings x budgets {budgets} ({', '.join(sections) or 'no retention'})"
+        + (f"; prefix replay of {len(turns)} turns" if turns else "")
+        + f" on {args.jobs} processes"
+    )
     results: list[MeetingResult] = []
-    jobs = [(path, budgets) for path in paths]
-    if args.jobs > 1:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            for r in pool.map(run_meeting, jobs):
-                results.append(r)
-                log(f"  {r.id}: {r.messages} messages, {r.queries} queries")
-    else:
+    prefix: list[PrefixResult | None] = []
+    with ProcessPoolExecutor(max_workers=args.jobs) if args.jobs > 1 else Inline() as pool:
+        # Prefix replays first: they are long single jobs; the meetings then fill both workers.
+        pre: list[Future[PrefixResult | None]] = [
+            pool.submit(run_prefix, (n, tuple(turns), args.prefix_budget, args.prefix_every))
+            for n in (prefix_names if turns else ())
+        ]
+        jobs: list[Future[MeetingResult]] = [
+            pool.submit(run_meeting, (path, budgets, sections, args.store)) for path in paths
+        ]
         for job in jobs:
-            results.append(run_meeting(job))
-            log(f"  {results[-1].id}: {results[-1].messages} messages")
-    log(f"retention done in {time.perf_counter() - started:.0f}s")
+            r = job.result()
+            results.append(r)
+            log(f"  {r.id}: {r.messages} messages, {r.queries} queries")
+        for system, done in zip(prefix_names if turns else (), pre, strict=True):
+            prefix.append(done.result())
+            log(f"  prefix {system}: {'n/a' if prefix[-1] is None else 'done'}")
+    log(f"replays done in {time.perf_counter() - started:.0f}s")
     speed = None
-    if not args.no_speed:
+    if STATIC in parts and not args.no_speed:
         sizes = [int(x) for x in args.speed_sizes.split(",") if x.strip()]
         speed = run_sync(sizes, args.speed_calls, args.speed_seconds, args.throughput)
-    s = report.summarise(results, list(budgets))
-    queries = sum(r.queries for r in results)
-    plot = args.plot = args.plot or (args.out.parent / "retention.png" if args.out else None)
-    if plot is not None:
-        report.plot(s, budgets, plot, f"QMSum {args.split}: {len(results)} meetings, {queries} queries")
-    md = render(args, results, speed, time.perf_counter() - started, start_machine)
+    plot = args.plot or (args.out.parent / "retention.png" if args.out and sections else None)
+    if plot is not None and sections:
+        panels: list[tuple[report.Summary, str]] = []
+        queries = sum(r.queries for r in results)
+        where = f"QMSum {args.split}: {len(results)} meetings, {queries} queries"
+        if QUERY in sections:
+            panels.append(
+                (report.summarise(results, budgets, QUERY, QUERY_SYSTEMS), f"query retention, {where}")
+            )
+        if STATIC in sections:
+            s = report.summarise(results, budgets, STATIC, STATIC_SYSTEMS)
+            panels.append((s, f"static retention, {where}"))
+        report.plot(panels, budgets, plot)
+    if args.json is not None:
+        report.dump(results, prefix, args.json)
+    info = render.RunInfo(
+        start_machine, command(args, parts), (time.perf_counter() - started) / 60, args.split, args.store
+    )
+    out: dict[str, str] = {}
+    if QUERY in parts:
+        out[QUERY] = render.query_section(info, results, budgets)
+    if STATIC in parts:
+        plot_name = plot.name if plot else None
+        out[STATIC] = render.static_section(info, results, budgets, speed, args.speed_seconds, plot_name)
+    if PREFIX in parts:
+        out[PREFIX] = render.prefix_section(info, prefix, prefix_names, len(turns), meetings_in(turns))
     if args.out is None:  # like the other benchmarks: print unless told where to write
-        print(md)
+        print("\n\n".join(out[p] for p in PARTS if p in out))
         return
-    if args.out.exists():
-        update_section(args.out, SECTION, md)
-    else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        block = f"<!-- {SECTION}:begin -->\n{md.rstrip()}\n<!-- {SECTION}:end -->\n"
-        args.out.write_text(f"# Benchmarks against peers\n\n{block}", encoding="utf-8")
+    for part, md in out.items():
+        write(args.out, SECTIONS[part], md)
     log(f"wrote {args.out}{f' and {plot}' if plot else ''} in {time.perf_counter() - started:.0f}s")
 
 

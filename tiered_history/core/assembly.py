@@ -1,23 +1,45 @@
 """Context assembly: choose what fits in ``max_tokens`` from rows already read. No I/O.
 
-Order of precedence: reply priming, pinned messages, the newest message (with its
-tool call or results), then each tier newest-first within its share, then the
-unused shares to the current topic, the topic summaries and the archives, in that
-order. Each tier takes a contiguous run of its newest items, so nothing in the
-middle of a tier goes missing.
+The context is laid out stable-first, so a provider's prompt cache keeps hitting:
+
+    pinned → archives (one block) → topic summaries (one block) → current topic (verbatim)
+           … recalled messages, just before the newest user message … newest user message
+
+* **The current topic** is every message from a *window start* on, verbatim. The start only
+  moves at *anchors*: the first unit at or past each multiple of ``anchor`` × the budget in
+  the conversation's token positions. It is the earliest anchor whose window, with the stable
+  blocks and the recall reserve, fits; so it stays put turn after turn while the conversation
+  grows, and jumps by a chunk when it must, like "append until full, then drop the oldest half".
+* **Topic summaries** cover what came before the window start: the newest and largest ones
+  first within the topic share (less its recall reserve), shown oldest first.
+* **Archives** (merged summaries, rolled up into coarser ones as they grow) cover the oldest
+  parts: the whole timeline stays represented.
+* **Recall** uses what is left, the reserve at least: the messages (whole tool units) and
+  summaries that best match the newest message, as earlier conversation, after a note that
+  says so. It sits at the end, so a new recall costs only its own tokens.
+
+Every item's cost is its exact framed cost, and each block is measured whole, so the total never
+exceeds ``max_tokens``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from ..errors import BudgetTooSmallError
 from ..models import CompressedContext, StoredMessage, Summary
-from ..tokens import REPLY_PRIMING_TOKENS, TokenCounter
-from .budget import allocate, check_max_tokens
+from .budget import Allocation, allocate, check_max_tokens
+from .framing import REPLY_PRIMING_TOKENS
+from .framing import TokenCounting as TokenCounter
+from .render import item_line, recall_note, render_block
+from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
+
+Measure = Callable[[str], int]
+"""Framed tokens of a user message with this content (the caller may memoise it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,17 +48,69 @@ class Shares:
     topics: float
     bulk: float
     redistribute: bool = True
+    recall: float = 0.4
+    """Share of the topic tier kept for what is recalled for the newest message."""
+    anchor: float = 0.25
+    """The window start moves in steps of about this share of the budget."""
+    cache_min: int = 2048
+    """Below this budget the layout is chosen for relevance alone: providers do not cache prompts
+    that short (OpenAI from 1,024 tokens, Anthropic and Gemini from 1,024 to 4,096 by model)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """A candidate for recall: a whole unit of messages, or a summary, and how well it matches."""
+
+    score: float
+    messages: tuple[StoredMessage, ...] = ()
+    summary: Summary | None = None
+
+    @property
+    def first(self) -> int:
+        return self.messages[0].sequence if self.messages else self.summary.first_sequence  # type: ignore[union-attr]
+
+    @property
+    def last(self) -> int:
+        return self.messages[-1].sequence if self.messages else self.summary.last_sequence  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """Everything assembly may use, read in one snapshot."""
+
+    pinned: Sequence[StoredMessage]
+    recent: Sequence[StoredMessage]
+    """Unpinned messages, oldest first, up to the newest: the window is a suffix of them."""
+    end_position: int
+    """Tokens of every unpinned message so far (the newest one's end position)."""
+    topics: Sequence[Summary] = ()
+    """Live topic summaries with text, oldest first."""
+    archives: Sequence[Summary] = ()
+    """Live archives with text, oldest first."""
+    recall: Sequence[Recalled] = ()
+    uncovered: int = 0
+    """Unpinned messages not yet represented by a summary (for reporting omissions)."""
+    summarized_upto: int = 0
+    query: str = ""
+    mark: WindowMark | None = None
+    """Where the window started when it was last chosen."""
+    epoch: int = 0
+    """The conversation's event count now: the window may move only when it differs from the mark's."""
+    growth: int = 0
+    """How much the open topic may still grow before a rule seals it (an event): the room a window
+    chosen now leaves, so that it need not move before then."""
+    frozen: Sequence[Summary] = ()
+    """The summaries the mark says were shown (read by id, whatever became of them since)."""
 
 
 def group_units(messages_oldest_first: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
     """Group messages into units that must be kept or dropped together.
 
-    An assistant message with tool calls and the tool results that answer it form
-    one unit; every other message is a unit of its own. Sent without all of its
-    parts, a unit is a 400 from the provider, so incomplete units are left out:
-    tool results whose call was cut off by paging, and calls abandoned without
-    results. Only the newest unit may still await results (the bot is running
-    the tools right now).
+    An assistant message with tool calls and the tool results that answer it form one unit;
+    every other message is a unit of its own. Sent without all of its parts a unit is a 400
+    from the provider, so incomplete units are left out: results whose call was cut off by
+    paging, and calls abandoned without results. Only the newest unit may still await results
+    (the bot is running the tools right now).
     """
     units: list[list[StoredMessage]] = []
     complete: list[bool] = []
@@ -54,23 +128,11 @@ def group_units(messages_oldest_first: Sequence[StoredMessage]) -> list[list[Sto
     return [u for i, u in enumerate(units) if complete[i] or i == len(units) - 1]
 
 
-# A plain message that ends a list, so group_units treats every unit before it as closed.
-_SENTINEL = StoredMessage(
-    conversation_id="",
-    sequence=-1,
-    role="user",
-    content="",
-    timestamp=datetime(1970, 1, 1, tzinfo=UTC),
-    token_count=0,
-    full_token_count=0,
-)
-
-
 def _cost(unit: Sequence[StoredMessage]) -> int:
     return sum(m.token_count for m in unit)
 
 
-def _fit_unit(counter: TokenCounter, unit: list[StoredMessage], limit: int) -> list[StoredMessage]:
+def fit_unit(counter: TokenCounter, unit: list[StoredMessage], limit: int) -> list[StoredMessage]:
     """Truncate the contents of ``unit`` head + tail until its framed cost is at most ``limit``."""
     fixed = [counter.message_tokens(m.to_openai(content="")) for m in unit]
     lengths = [max(m.token_count - f, 0) for m, f in zip(unit, fixed, strict=True)]
@@ -95,161 +157,481 @@ def _fit_unit(counter: TokenCounter, unit: list[StoredMessage], limit: int) -> l
     raise BudgetTooSmallError(f"could not fit the newest message into {limit} tokens")
 
 
+# -- the stable blocks -----------------------------------------------------------------------------
+
+
+def _line(s: Summary) -> str:
+    return item_line(s.content, s.started_at, s.ended_at)
+
+
+@dataclass
+class _Block:
+    tier: str
+    items: list[Summary] = field(default_factory=list)
+    tokens: int = 0
+
+    def text(self) -> str:
+        return render_block(self.tier, [_line(s) for s in sorted(self.items, key=lambda s: s.first_sequence)])
+
+
+def _overhead(tier: str, measure: Measure) -> int:
+    return measure(render_block(tier, []))
+
+
+def _fill(tier: str, ranked: Sequence[Summary], limit: int, measure: Measure) -> _Block:
+    """The best of ``ranked`` that fit ``limit`` tokens as one block (measured exactly)."""
+    block = _Block(tier)
+    if not ranked or limit <= 0:
+        return block
+    estimate = _overhead(tier, measure)
+    for s in ranked:
+        if estimate + s.token_count <= limit:
+            block.items.append(s)
+            estimate += s.token_count
+    while block.items:
+        block.tokens = measure(block.text())
+        if block.tokens <= limit:
+            return block
+        block.items.pop()  # estimates were a little short: the least wanted item goes
+    block.tokens = 0
+    return block
+
+
+def _topic_priority(eligible: Sequence[Summary]) -> list[Summary]:
+    """Topic summaries, most wanted first: newer ones, and among near ones the larger topics.
+
+    Score = 0.85 ** (newer eligible topics) * (1 + ln(1 + source_tokens / 500)): recency
+    dominates, but a long topic holds its place against a short, more recent one.
+    """
+    n = len(eligible)
+    scored = [
+        (0.85 ** (n - 1 - i) * (1 + math.log1p(s.source_tokens / 500)), i, s) for i, s in enumerate(eligible)
+    ]
+    scored.sort(key=lambda x: (-x[0], -x[1]))
+    return [s for _, _, s in scored]
+
+
+# -- assembly -------------------------------------------------------------------------------------
+
+
 def assemble(
     *,
     conversation_id: str,
     max_tokens: int,
     shares: Shares,
     counter: TokenCounter,
-    pinned: Sequence[StoredMessage],
-    verbatim: Sequence[StoredMessage],
-    topics: Sequence[Summary],
-    archives: Sequence[Summary],
-    newest_sequence: int | None,
-    uncovered_total: int = 0,
-    dropped: Sequence[Summary] = (),
-    covered: Sequence[StoredMessage] = (),
+    rows: Rows,
+    measure: Measure | None = None,
 ) -> CompressedContext:
-    """Build the context from candidate rows.
-
-    ``verbatim`` (oldest first, pinned excluded) are messages not yet covered by a
-    summary, plus the newest message; ``topics`` and ``archives`` are active
-    summaries, oldest first. ``dropped`` archives (oldest first) only fill room
-    that every other tier left unused, newest first. ``covered`` (oldest first,
-    unpinned) are already-summarised messages: when room is left, the newest topic
-    summaries are swapped back for their own messages, newest topic first.
-    ``uncovered_total`` counts every uncovered message, for reporting how many were omitted.
-    """
+    """The context for ``rows`` within ``max_tokens`` (see the module docstring)."""
     check_max_tokens(max_tokens)
+    if measure is None:
+
+        def measure(text: str) -> int:
+            return counter.message_tokens({"role": "user", "content": text})
+
     used = REPLY_PRIMING_TOKENS
+    pinned = list(rows.pinned)
     pinned_cost = sum(m.token_count for m in pinned)
     if used + pinned_cost > max_tokens:
+        biggest = max(pinned, key=lambda m: m.token_count)
         raise BudgetTooSmallError(
-            f"pinned messages need {pinned_cost + used} tokens but max_tokens is {max_tokens}; "
-            "pinned messages are always sent verbatim, so raise max_tokens or unpin some"
+            f"max_tokens={max_tokens} cannot hold the pinned messages ({pinned_cost} tokens; the "
+            f"largest, #{biggest.sequence} pinned as {biggest.pin_key!r}, alone {biggest.token_count}): "
+            "pinned messages are never cut"
         )
     used += pinned_cost
-    alloc = allocate(max_tokens - used, shares.current, shares.topics, shares.bulk)
+    avail = max_tokens - used
+    alloc = allocate(avail, shares.current, shares.topics, shares.bulk)
+    units = group_units(rows.recent)
 
-    units = group_units(verbatim)
-    chosen_units: list[list[StoredMessage]] = []
-    truncated = False
-    cur_used = 0
-    idx = len(units) - 1
-    # The newest message (with its tool unit) is always sent, cut to fit if need be.
-    if units and newest_sequence is not None and units[-1][-1].sequence == newest_sequence:
-        unit = units[-1]
-        if used + _cost(unit) > max_tokens:
-            unit = _fit_unit(counter, unit, max_tokens - used)
-            truncated = True
-        chosen_units.append(unit)
-        cur_used = _cost(unit)
-        idx -= 1
+    if not units:
+        return _context(
+            conversation_id,
+            max_tokens,
+            alloc,
+            pinned,
+            _Block("bulk"),
+            _Block("topic"),
+            [],
+            [],
+            "",
+            0,
+            rows,
+            used,
+            False,
+        )
+    newest = units[-1]
+    if _cost(newest) > avail:
+        try:
+            cut = fit_unit(counter, list(newest), avail)
+        except BudgetTooSmallError:
+            if not pinned or pinned[-1].sequence < newest[-1].sequence:
+                raise
+            # The newest message is a pinned instruction: the pinned messages alone are a context.
+            cut, newest = [], []
+        return _context(
+            conversation_id,
+            max_tokens,
+            alloc,
+            pinned,
+            _Block("bulk"),
+            _Block("topic"),
+            [cut],
+            [],
+            "",
+            0,
+            rows,
+            used,
+            bool(cut),
+        )
 
-    remaining = max_tokens - used - cur_used
+    # Kept whether or not this turn recalls anything, so the window does not move with the query.
+    reserve = int(alloc.topics * shares.recall)
+    bulk_limit = alloc.bulk
+    topic_limit = alloc.topics - reserve
+    all_archives = _fill("bulk", list(reversed(rows.archives)), bulk_limit, measure)
 
-    def take(costs: Sequence[int], start: int, limit: int) -> tuple[int, int]:
-        """Take items newest-first from ``start`` down while they fit ``limit``; return (next, spent)."""
-        spent = 0
-        i = start
-        while i >= 0 and spent + costs[i] <= limit:
-            spent += costs[i]
-            i -= 1
-        return i, spent
+    suffix = [0] * (len(units) + 1)
+    for i in range(len(units) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + _cost(units[i])
 
-    revived: list[Summary] = []
-    unit_costs = [_cost(u) for u in units]
-    topic_costs = [s.token_count for s in topics]
-    bulk_costs = [s.token_count for s in archives]
+    def ranked(i: int) -> list[Summary]:
+        """The topic summaries covering what comes before unit ``i``, most wanted first."""
+        first = units[i][0].sequence
+        return _topic_priority([t for t in rows.topics if t.first_sequence < first])
 
-    u_next, spent = take(unit_costs, idx, min(max(alloc.current - cur_used, 0), remaining))
-    remaining -= spent
-    cur_used += spent
-    t_next, t_used = take(topic_costs, len(topics) - 1, min(alloc.topics, remaining))
-    remaining -= t_used
-    b_next, b_used = take(bulk_costs, len(archives) - 1, min(alloc.bulk, remaining))
-    remaining -= b_used
-    if shares.redistribute:
-        # Unused shares go to the newest content first: current topic, summaries, archives.
-        u_next2, spent = take(unit_costs, u_next, remaining)
-        remaining -= spent
-        cur_used += spent
-        u_next = u_next2
-        t_next2, spent = take(topic_costs, t_next, remaining)
-        remaining -= spent
-        t_used += spent
-        t_next = t_next2
-        b_next2, spent = take(bulk_costs, b_next, remaining)
-        remaining -= spent
-        b_used += spent
-        b_next = b_next2
-        if b_next < 0:  # every active archive is in: older, dropped ones may use what is left
-            d_next, spent = take([d.token_count for d in dropped], len(dropped) - 1, remaining)
-            remaining -= spent
-            b_used += spent
-            revived = list(dropped[d_next + 1 :])
+    def archives_before(i: int) -> _Block:
+        """The archives that start before unit ``i`` (a window that holds one whole needs none)."""
+        first = units[i][0].sequence
+        if all(a.first_sequence < first for a in all_archives.items):
+            return all_archives
+        return _fill(
+            "bulk", [a for a in reversed(rows.archives) if a.first_sequence < first], bulk_limit, measure
+        )
 
-    current: list[StoredMessage] = [m for u in units[u_next + 1 : idx + 1] for m in u]
-    for unit in chosen_units:
-        current.extend(unit)
-    chosen_topics = list(topics[t_next + 1 :])
-    chosen_archives = revived + list(archives[b_next + 1 :])
+    def stable(i: int) -> tuple[_Block, _Block]:
+        """The archives, and the topic summaries covering what comes before unit ``i``."""
+        return archives_before(i), _fill("topic", ranked(i), topic_limit, measure)
 
-    recent: list[StoredMessage] = []
-    r_used = 0
-    if shares.redistribute and u_next < 0 and covered:
-        shown = {m.sequence for m in current}
-        keep = len(chosen_topics)
-        # Swap summaries for their messages, newest topic first, while the messages fit.
-        while keep > 0:
-            topic = chosen_topics[keep - 1]
-            if covered[0].sequence > topic.first_sequence:
-                break  # the read window does not reach back to this topic's start
-            msgs = [
-                m
-                for m in covered
-                if topic.first_sequence <= m.sequence <= topic.last_sequence and m.sequence not in shown
-            ]
-            # The sentinel closes the list, so a call that never got its results is left out too.
-            topic_units = group_units([*msgs, _SENTINEL])[:-1]
-            cost = sum(_cost(u) for u in topic_units)
-            if cost - topic.token_count > remaining:
+    def frozen() -> tuple[_Block, _Block]:
+        """The blocks shown when the window start was chosen (they stay until it moves)."""
+        return (
+            _fill("bulk", [x for x in rows.frozen if x.tier != "topic"], avail, measure),
+            _fill("topic", [x for x in rows.frozen if x.tier == "topic"], avail, measure),
+        )
+
+    # The window gets its share, and whatever the stable blocks beside a window of that share
+    # leave of theirs: it never grows over the summaries the topic tier has room to show (a
+    # summary keeps more of a topic per token than its oldest messages word for word).
+    at_share = next((i for i in range(len(units)) if suffix[i] <= alloc.current), len(units) - 1)
+    full = stable(at_share)
+    limit = avail - reserve - full[0].tokens - full[1].tokens
+    if not shares.redistribute:
+        limit = min(limit, alloc.current)
+
+    def fits(i: int, blocks: tuple[_Block, _Block], room: int) -> bool:
+        window = suffix[i] + room
+        if window > limit and i < len(units) - 1:
+            return False
+        return window + blocks[0].tokens + blocks[1].tokens + reserve <= avail
+
+    cacheable = max_tokens >= shares.cache_min
+    if not cacheable:
+        return _relevance_layout(
+            conversation_id,
+            max_tokens,
+            alloc,
+            pinned,
+            units,
+            suffix,
+            at_share,
+            archives_before(at_share),
+            rows,
+            ranked,
+            avail,
+            used,
+            measure,
+            shares.redistribute,
+        )
+    step = max(int(limit * shares.anchor), 1)
+    chosen, (archives, topics) = _choose(units, step, stable, frozen, fits, rows, max_tokens)
+    if chosen is None:
+        # Not even the newest unit fits beside the stable blocks: the newest unit alone.
+        chosen = len(units) - 1
+        archives, topics = _Block("bulk"), _Block("topic")
+    window = [m for u in units[chosen:] for m in u]
+    # Recall gets its reserve, and no more: what it sends changes every turn, so whatever it uses
+    # is sent uncached; the rest of the room is where the current topic grows until the next event.
+    room = min(avail - suffix[chosen] - topics.tokens - archives.tokens, reserve)
+    recalled, note, note_tokens = _recall(rows, window, topics, archives, room, measure)
+    at = _recall_position(window)
+    return _context(
+        conversation_id,
+        max_tokens,
+        alloc,
+        pinned,
+        archives,
+        topics,
+        [window],
+        recalled,
+        note,
+        note_tokens,
+        rows,
+        used,
+        False,
+        at,
+    )
+
+
+def _relevance_layout(
+    conversation_id: str,
+    max_tokens: int,
+    alloc: Allocation,
+    pinned: list[StoredMessage],
+    units: Sequence[Sequence[StoredMessage]],
+    suffix: Sequence[int],
+    at_share: int,
+    archives: _Block,
+    rows: Rows,
+    ranked: Callable[[int], list[Summary]],
+    avail: int,
+    used: int,
+    measure: Measure,
+    redistribute: bool,
+) -> CompressedContext:
+    """A context too short for a provider to cache, laid out for relevance alone.
+
+    The window takes its share; recall comes first in the topic tier (what matches the newest
+    message wins over what is merely recent); topic summaries fill what recall leaves (and, when
+    redistributing, what the other tiers leave); then the window reaches back over what is left,
+    swapping the newest summaries back for their messages while they fit.
+    """
+    chosen = at_share
+    # A window holds summarised topics whole or not at all (their summaries stand for them).
+    for t in rows.topics:
+        while chosen < len(units) - 1 and t.first_sequence < units[chosen][0].sequence <= t.last_sequence:
+            chosen += 1
+    if suffix[chosen] + archives.tokens > avail:
+        archives = _Block("bulk")
+    window = [m for u in units[chosen:] for m in u]
+    room = min(alloc.topics, avail - suffix[chosen] - archives.tokens)
+    recalled, note, note_tokens = _recall(rows, window, _Block("topic"), archives, room, measure)
+    spent = note_tokens + sum(_cost(c.messages) for c in recalled)
+    taken = {c.summary.id for c in recalled if c.summary is not None}
+    free = avail - suffix[chosen] - archives.tokens - spent
+    topic_room = free if redistribute else min(alloc.topics - spent, free)
+    candidates = [t for t in ranked(chosen) if t.id not in taken]
+    topics = _fill("topic", candidates, topic_room, measure)
+    cap = avail if redistribute else max(alloc.current, suffix[chosen])
+    # Recalled messages are not repeated; what an archive shown covers is not repeated either.
+    floor = max([c.last for c in recalled] + [a.last_sequence for a in archives.items] + [0])
+
+    def fits(i: int, block: _Block) -> bool:
+        return suffix[i] <= cap and suffix[i] + archives.tokens + block.tokens + spent <= avail
+
+    while chosen > 0 and units[chosen - 1][0].sequence > floor:
+        newest = max(topics.items, key=lambda t: t.last_sequence, default=None)
+        prev = units[chosen - 1][0].sequence
+        if newest is None or prev > newest.last_sequence:
+            if not fits(chosen - 1, topics):
                 break
-            remaining -= cost - topic.token_count
-            t_used -= topic.token_count
-            r_used += cost
-            recent = [m for u in topic_units for m in u] + recent
-            keep -= 1
-        chosen_topics = chosen_topics[:keep]
+            chosen -= 1
+            continue
+        # The previous message is in the newest summary shown: swap the summary back for its
+        # messages if they fit in its place.
+        start = next((j for j in range(chosen) if units[j][0].sequence >= newest.first_sequence), chosen)
+        rest = _fill("topic", [t for t in topics.items if t.id != newest.id], topics.tokens, measure)
+        if start >= chosen or units[start][0].sequence <= floor:
+            break
+        if not fits(start, rest):
+            break
+        chosen, topics = start, rest
+    window = [m for u in units[chosen:] for m in u]
+    return _context(
+        conversation_id,
+        max_tokens,
+        alloc,
+        pinned,
+        archives,
+        topics,
+        [window],
+        recalled,
+        note,
+        note_tokens,
+        rows,
+        used,
+        False,
+        _recall_position(window),
+    )
 
-    total = max_tokens - remaining
+
+def _choose(
+    units: Sequence[Sequence[StoredMessage]],
+    step: int,
+    stable: Callable[[int], tuple[_Block, _Block]],
+    frozen: Callable[[], tuple[_Block, _Block]],
+    fits: Callable[[int, tuple[_Block, _Block], int], bool],
+    rows: Rows,
+    budget: int,
+) -> tuple[int | None, tuple[_Block, _Block]]:
+    """The unit the window starts at, and the blocks beside it.
+
+    Between events the window keeps its start (the mark) and the blocks shown with it. At the
+    first read after an event it keeps them too if the window can still grow until the next seal.
+    Otherwise it starts anew at the earliest unit that leaves room for that growth, and for at
+    least ``step`` tokens, so that the next move is a while away (like "append until full, then
+    drop the oldest part"); the blocks are chosen anew. Only a window that no longer fits at all
+    moves between events.
+    """
+    at = {u[0].sequence: i for i, u in enumerate(units)}
+    first = 0
+    mark = rows.mark
+    if mark is not None and mark.budget == budget and mark.start in at:
+        i0 = at[mark.start]
+        blocks = frozen() if rows.frozen or not mark.shown else stable(i0)
+        if fits(i0, blocks, 0 if mark.epoch == rows.epoch else rows.growth):
+            return i0, blocks
+        first = i0 + 1
+    # With no prefix cached yet (no mark for this budget) the window is as full as the growth
+    # until the next seal allows; a move afterwards leaves room for a step as well.
+    fresh = mark is None or mark.budget != budget
+    for room in (rows.growth, 0) if fresh else (max(rows.growth, step), rows.growth, 0):
+        for i in range(first, len(units)):
+            blocks = stable(i)
+            if fits(i, blocks, room):
+                return i, blocks
+    return None, (_Block("bulk"), _Block("topic"))
+
+
+def _recall_position(window: Sequence[StoredMessage]) -> int:
+    """Where recalled messages go in the current topic: just before its newest user message."""
+    for i in range(len(window) - 1, -1, -1):
+        if window[i].role == "user":
+            return i
+    return len(window)
+
+
+def _recall(
+    rows: Rows,
+    window: Sequence[StoredMessage],
+    topics: _Block,
+    archives: _Block,
+    room: int,
+    measure: Measure,
+) -> tuple[list[Recalled], str, int]:
+    """The best-matching units and summaries not in the context already, within ``room``."""
+    if not rows.recall or room <= 0:
+        return [], "", 0
+    start = window[0].sequence if window else 1 << 62
+    shown = {s.id for s in topics.items} | {s.id for s in archives.items}
+    picked: list[Recalled] = []
+    spent = 0
+    sample = datetime(2000, 1, 1, tzinfo=UTC)  # any date: the note's length hardly depends on it
+    note_estimate = measure(recall_note(1, start, sample, sample)) + 8
+    summaries: list[Summary] = []
+    for cand in sorted(rows.recall, key=lambda c: -c.score):
+        if cand.summary is not None:
+            if cand.summary.id in shown or cand.summary.first_sequence >= start:
+                continue
+            cost = cand.summary.token_count
+        else:
+            if (
+                not cand.messages
+                or cand.messages[-1].sequence >= start
+                or any(m.pinned for m in cand.messages)
+            ):
+                continue
+            cost = _cost(cand.messages)
+        if spent + cost + note_estimate > room:
+            continue
+        picked.append(cand)
+        spent += cost
+        if cand.summary is not None:
+            summaries.append(cand.summary)
+    if not picked:
+        return [], "", 0
+    picked.sort(key=lambda c: (c.first, c.last))
+    # The note names what was recalled and carries the recalled summaries as dated lines.
+    while picked:
+        first = min(c.first for c in picked)
+        last = max(c.last for c in picked)
+        times = [m.timestamp for c in picked for m in c.messages] + [
+            t for c in picked if c.summary is not None for t in (c.summary.started_at, c.summary.ended_at)
+        ]
+        lines = [_line(c.summary) for c in picked if c.summary is not None]
+        note = "\n".join([recall_note(first, last, min(times), max(times)), *lines])
+        note_tokens = measure(note)
+        total = note_tokens + sum(_cost(c.messages) for c in picked)
+        if total <= room:
+            return picked, note, note_tokens
+        picked.remove(min(picked, key=lambda c: c.score))  # the estimate was short: the weakest goes
+    return [], "", 0
+
+
+def _context(
+    conversation_id: str,
+    max_tokens: int,
+    alloc: object,
+    pinned: list[StoredMessage],
+    archives: _Block,
+    topics: _Block,
+    window_parts: list[list[StoredMessage]],
+    recalled: list[Recalled],
+    note: str,
+    note_tokens: int,
+    rows: Rows,
+    used: int,
+    truncated: bool,
+    recall_at: int = 0,
+) -> CompressedContext:
+    window = [m for part in window_parts for m in part]
+    current = sum(m.token_count for m in window)
+    recall_messages = [m for c in recalled for m in c.messages]
+    recall_tokens = note_tokens + sum(m.token_count for m in recall_messages)
+    total = used + archives.tokens + topics.tokens + current + recall_tokens
+    if total > max_tokens:  # defensive: every part was measured, so this cannot happen
+        raise AssertionError(f"context of {total} tokens over max_tokens={max_tokens}")
+    archive_items = sorted(archives.items, key=lambda s: s.first_sequence)
+    topic_items = sorted(topics.items, key=lambda s: s.first_sequence)
+    recalled_summaries = [c.summary for c in recalled if c.summary is not None]
     represented = (
         REPLY_PRIMING_TOKENS
         + sum(m.full_token_count for m in pinned)
-        + sum(m.full_token_count for m in current)
-        + sum(m.full_token_count for m in recent)
-        + sum(s.source_tokens for s in chosen_topics)
-        + sum(s.source_tokens for s in chosen_archives)
+        + sum(m.full_token_count for m in window)
+        + sum(m.full_token_count for m in recall_messages)
+        + sum(s.source_tokens for s in archive_items + topic_items + recalled_summaries)
     )
+    shown_uncovered = sum(1 for m in window if m.sequence > rows.summarized_upto)
+    shown_uncovered += sum(1 for m in recall_messages if m.sequence > rows.summarized_upto)
     return CompressedContext(
         conversation_id=conversation_id,
         max_tokens=max_tokens,
-        pinned=list(pinned),
-        bulk_archives=chosen_archives,
-        historical_topics=chosen_topics,
-        recent_topics=recent,
-        current_topic=current,
+        pinned=pinned,
+        bulk_archives=archive_items,
+        historical_topics=topic_items,
+        current_topic=window,
         total_tokens=total,
         compression_ratio=round(represented / total, 4) if total else 1.0,
         tier_tokens={
             "framing": REPLY_PRIMING_TOKENS,
-            "pinned": pinned_cost,
-            "bulk": b_used,
-            "topic": t_used,
-            "recent": r_used,
-            "current": cur_used,
+            "pinned": sum(m.token_count for m in pinned),
+            "bulk": archives.tokens,
+            "topic": topics.tokens,
+            "recall": recall_tokens,
+            "current": current,
         },
-        allocation=alloc.as_dict(),
-        omitted_messages=max(uncovered_total - len(current), 0),
+        allocation=alloc.as_dict(),  # type: ignore[attr-defined]
+        omitted_messages=max(rows.uncovered - shown_uncovered, 0),
         truncated_newest=truncated,
+        blocks={
+            "bulk": archives.text() if archive_items else "",
+            "topic": topics.text() if topic_items else "",
+        },
+        recalled=recall_messages,
+        recalled_summaries=recalled_summaries,
+        recall_note=note,
+        recall_at=recall_at,
+        recall_query=rows.query if recalled else "",
+        maintenance_epoch=rows.epoch,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import BudgetTooSmallError
-from ..tokens import REPLY_PRIMING_TOKENS
+from .framing import REPLY_PRIMING_TOKENS
 
 #: Smallest ``max_tokens`` accepted: reply priming, one framed message and a truncation marker.
 MIN_MAX_TOKENS = 32
@@ -42,37 +42,65 @@ def topic_size_limit(context_budget: int, current_share: float, threshold: float
     return int((context_budget - REPLY_PRIMING_TOKENS) * current_share * threshold)
 
 
+#: What a tier's block costs besides its items (framing, header line, delimiters), about.
+BLOCK_OVERHEAD = 32
+#: Smallest targets: below these a summary or an archive carries too little to be worth it.
+MIN_TOPIC_TARGET = 40
+MIN_ARCHIVE_TARGET = 60
+#: A topic's summary aims at this share of the topic's own tokens (within the budget's target): a
+#: summary that keeps most of a short topic's tokens buys little room for the rest of the timeline.
+TOPIC_COMPRESSION = 0.25
+
+
 @dataclass(frozen=True, slots=True)
 class EscalationBudget:
-    """Shares and summary sizes that ``maintain()`` plans against (from ``context_budget``)."""
+    """What maintenance plans against, for the budget a conversation is read with."""
 
     topic_share: int
+    """Tokens the stable topic summaries may use (the topic tier less its recall reserve)."""
     bulk_share: int
+    """Tokens the archives may use."""
     topic_target: int
     bulk_target: int
+    window_share: int = 0
+    """Tokens of the verbatim window's share (the current topic's)."""
 
 
 def escalation_budget(
-    context_budget: int,
+    budget: int,
     topic_share: float,
     bulk_share: float,
     topic_summary_tokens: int,
     bulk_summary_tokens: int,
     merge_size: int,
+    *,
+    recall_share: float = 0.0,
+    reference_budget: int = 8000,
+    current_share: float = 0.5,
 ) -> EscalationBudget:
-    """Summary targets shrink with small budgets so the tiers still work there.
-
-    ``merge_size`` topic summaries must fit the topic share before they merge, and at
-    least two archives must fit the archive share before the oldest is dropped;
-    otherwise a 1,000-token budget would drop every archive as soon as it is written.
-    """
-    avail = max(context_budget - REPLY_PRIMING_TOKENS, 0)
+    """Summary and archive targets grow with the budget (``topic_summary_tokens`` and
+    ``bulk_summary_tokens`` are the targets at ``reference_budget``), within what their tiers
+    can hold: at least ``merge_size`` topic summaries and two archives fit beside each other.
+    A tier's header and delimiters are counted out of its share first."""
+    avail = max(budget - REPLY_PRIMING_TOKENS, 0)
     topics = int(avail * topic_share)
-    bulk = int(avail * bulk_share)
-    floor = 24  # below this a summary carries too little to be worth its delimiters
+    topic_room = max(topics - int(topics * recall_share) - BLOCK_OVERHEAD, 0)
+    bulk_room = max(int(avail * bulk_share) - BLOCK_OVERHEAD, 0)
+    scale = budget / max(reference_budget, 1)
+
+    def target(setting: int, floor: int, room: int, parts: int) -> int:
+        return max(min(round(setting * scale), room // max(parts, 1)), floor)
+
     return EscalationBudget(
-        topic_share=topics,
-        bulk_share=bulk,
-        topic_target=max(min(topic_summary_tokens, topics // merge_size), floor),
-        bulk_target=max(min(bulk_summary_tokens, bulk // 2), floor),
+        topic_share=topic_room,
+        bulk_share=bulk_room,
+        topic_target=target(topic_summary_tokens, MIN_TOPIC_TARGET, topic_room, merge_size),
+        bulk_target=target(bulk_summary_tokens, MIN_ARCHIVE_TARGET, bulk_room, 2),
+        window_share=int(avail * current_share),
     )
+
+
+def topic_target(plan: EscalationBudget, source_tokens: int) -> int:
+    """Target of one topic's summary: ``TOPIC_COMPRESSION`` of its tokens, within the plan's target
+    and never below ``MIN_TOPIC_TARGET``."""
+    return max(min(plan.topic_target, round(source_tokens * TOPIC_COMPRESSION)), MIN_TOPIC_TARGET)

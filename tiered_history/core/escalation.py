@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..models import Summary
+
 
 @dataclass(frozen=True, slots=True)
 class Item:
@@ -16,12 +18,65 @@ class Item:
     tokens: int
 
 
+#: Once a tier overflows, merging goes on until it holds at most this share of its room, so the
+#: next merge (which rewrites the start of the context) comes later.
+MERGE_DOWN_TO = 0.6
+
+
+def merge_plan(items_oldest_first: Sequence[Item], share: int, size: int, minimum: int) -> list[list[int]]:
+    """The oldest items to merge into one archive, as one group, or [] while the tier fits ``share``.
+
+    Once the items overflow ``share``, the group takes as many of the oldest as it needs for the
+    rest to fit ``MERGE_DOWN_TO`` of the share (so the next merge, which rewrites the start of
+    the context, comes later), and at least ``minimum`` (``size`` is kept for callers that plan
+    fixed groups: it is the least a group holds). The archive goes to the bulk tier.
+    """
+    total = sum(i.tokens for i in items_oldest_first)
+    if total <= share or len(items_oldest_first) < max(minimum, 2):
+        return []
+    take = 0
+    while take < len(items_oldest_first) and (take < max(minimum, size, 2) or total > share * MERGE_DOWN_TO):
+        total -= items_oldest_first[take].tokens
+        take += 1
+    return [[i.id for i in items_oldest_first[:take]]]
+
+
+def beside_window(
+    topics_oldest_first: Sequence[Summary], open_tokens: int, window_share: int, start: int | None
+) -> list[Summary]:
+    """The topic summaries a context shows beside its verbatim window, oldest first.
+
+    With a window start recorded by the last read, those of topics before it; before any read,
+    those of the topics a window of ``window_share`` tokens would not hold word for word (it holds
+    the open topic's ``open_tokens`` first, then the newest sealed topics whole).
+    """
+    if start is not None:
+        return [t for t in topics_oldest_first if t.last_sequence < start]
+    room = window_share - open_tokens
+    keep = len(topics_oldest_first)
+    while keep > 0 and topics_oldest_first[keep - 1].source_tokens <= room:
+        room -= topics_oldest_first[keep - 1].source_tokens
+        keep -= 1
+    return list(topics_oldest_first[:keep])
+
+
 def next_merge(active_topics_oldest_first: Sequence[Item], share: int, merge_size: int) -> list[int]:
     """Ids of the oldest ``merge_size`` topic summaries to merge, or [] when they fit their share."""
-    total = sum(i.tokens for i in active_topics_oldest_first)
-    if total <= share or len(active_topics_oldest_first) < merge_size:
+    plan = merge_plan(active_topics_oldest_first, share, merge_size, merge_size)
+    return plan[0] if plan else []
+
+
+def next_rollup(active_archives_oldest_first: Sequence[Item], share: int) -> list[int]:
+    """Ids of the archives to roll up into one coarser archive, or [] when they fit their share.
+
+    All of them: the roll-up is given the whole share, so the tier stays full and the timeline
+    stays represented from its first day on, at a coarser resolution the older it is (each
+    roll-up re-reads the previous one beside the newer archives).
+    """
+    total = sum(i.tokens for i in active_archives_oldest_first)
+    if total <= share or len(active_archives_oldest_first) < 2:
         return []
-    return [i.id for i in active_topics_oldest_first[:merge_size]]
+    return [i.id for i in active_archives_oldest_first]
 
 
 def archives_to_drop(active_archives_oldest_first: Sequence[Item], share: int) -> list[int]:

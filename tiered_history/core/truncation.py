@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..tokens import TokenCounter
+from .framing import TokenCounting as TokenCounter
 
 #: The marker is part of the context so the model knows text is missing.
 MARKER = "[truncated {n} chars]"

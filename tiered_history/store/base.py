@@ -1,123 +1,206 @@
-"""The storage contract. Every backend (memory, SQLite, PostgreSQL) passes the same conformance tests."""
+"""The storage contract: what a backend implements. It persists and reads; it decides nothing.
+
+A store keeps three kinds of rows per conversation (the conversation's state, its messages,
+its summaries) and applies :class:`~tiered_history.core.state.Writes` atomically under a
+:class:`~tiered_history.core.state.Guard`. Every rule (when to seal, what to merge, what to
+send) lives in :mod:`tiered_history.core`; ``tiered_history.testing`` holds the conformance
+suite a backend must pass.
+
+The contract is synchronous: :class:`~tiered_history.HistoryCompressor` runs calls that may
+wait (on a lock, a disk or a network) on a thread pool, and calls of a store that never waits
+(``blocking = False``) directly on the event loop.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from ..core.boundaries import OpenTopic
-from ..models import ConversationStats, History, Message, StoredMessage, Summary
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedMessage:
-    """A validated message with its token counts, computed once before it is written."""
-
-    message: Message
-    token_count: int
-    full_token_count: int
-    context_content: str | None = None
-
-    def stored(self, conversation_id: str, sequence: int) -> StoredMessage:
-        """The record a store returns once this message is written with ``sequence``."""
-        m = self.message
-        return StoredMessage(
-            conversation_id=conversation_id,
-            sequence=sequence,
-            role=m.role,
-            content=m.content,
-            timestamp=m.timestamp,
-            token_count=self.token_count,
-            full_token_count=self.full_token_count,
-            name=m.name,
-            tool_calls=m.tool_calls,
-            tool_call_id=m.tool_call_id,
-            pinned=m.pinned,
-            metadata=dict(m.metadata),
-            truncated_content=self.context_content,
-        )
+from ..core.ranking import Query
+from ..core.state import Committed, ConversationState, Guard, Writes
+from ..models import ConversationStats, StoredMessage, Summary
 
 
-#: Decides, under the conversation's lock, whether the open topic is sealed before a message.
-BoundaryPolicy = Callable[[OpenTopic, PreparedMessage], str | None]
+class LeaseLostError(Exception):
+    """This worker's lease on a conversation expired and another worker took it over."""
 
 
 @dataclass(frozen=True, slots=True)
-class ConversationState:
-    id: str
-    platform: str | None
-    encoding: str
-    last_sequence: int
-    last_message_at: datetime | None
-    topic_start_seq: int
-    open_topic_tokens: int
-    open_topic_messages: int
-    open_tool_calls: list[str]
-    summarized_upto: int
-    pinned_count: int
-    needs_maintenance: bool
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    next_retry_at: datetime | None
+class Window:
+    """Unpinned messages with ``lo < sequence <= hi``, newest first, until ``token_cap`` tokens.
 
-    @property
-    def open_topic(self) -> OpenTopic:
-        return OpenTopic(
-            messages=self.open_topic_messages,
-            tokens=self.open_topic_tokens,
-            last_timestamp=self.last_message_at,
-            tool_call_open=bool(self.open_tool_calls),
-        )
+    A store may return more rows than the cap needs (it reads in pages); it returns whole
+    tool units at the oldest end when it can (the rows are cut again by the caller).
+    """
+
+    lo: int
+    hi: int
+    token_cap: int
 
 
 @dataclass(frozen=True, slots=True)
-class ContextRows:
-    """Everything ``get_context`` may return, read in one consistent snapshot."""
+class SummaryWindow:
+    """Summaries of ``kind`` with ordinal > ``after``, newest first, until ``token_cap`` tokens.
+
+    ``live``: only rows not merged into an archive, not dropped and (topics) not pending.
+    ``dropped_only``: only archives dropped from the context, with ordinal <= ``upto``.
+    """
+
+    kind: str
+    after: int
+    token_cap: int
+    live: bool = True
+    upto: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRequest:
+    """What one ``read_context`` call returns, besides the state and the pinned messages."""
+
+    windows: tuple[Window, ...] = ()
+    summaries: tuple[SummaryWindow, ...] = ()
+    summary_ids: tuple[int, ...] = ()
+    """Summaries (of any kind or state) to read by id, into ``Snapshot.by_id``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The rows a context is built from, read in one consistent snapshot."""
 
     state: ConversationState
     pinned: list[StoredMessage]
-    verbatim: list[StoredMessage]
-    """Uncovered, unpinned messages oldest first (a newest-first window), plus the newest message."""
-    topics: list[Summary]
-    archives: list[Summary]
-    dropped: list[Summary] = field(default_factory=list)
-    """Archives dropped from the budgeted tiers, oldest first: used only to fill room left over."""
-    covered: list[StoredMessage] = field(default_factory=list)
-    """Unpinned messages already summarised, oldest first (a newest-first window up to the cap):
-    the newest summaries are swapped for them when the budget has room."""
-
-
-#: Given the rows read so far: how many tokens of dropped archives, and of summarised messages,
-#: the context could still use.
-CoveredBudget = Callable[[ContextRows], tuple[int, int]]
+    """The active pinned messages (``state.pins``), oldest first."""
+    windows: list[list[StoredMessage]] = field(default_factory=list)
+    """One list per requested window, oldest first."""
+    summaries: list[list[Summary]] = field(default_factory=list)
+    """One list per requested summary window, oldest first."""
+    by_id: list[Summary] = field(default_factory=list)
+    """The summaries named in ``ContextRequest.summary_ids`` that exist."""
 
 
 @dataclass(frozen=True, slots=True)
-class SummaryWrite:
-    """The outcome of summarising one topic or merging several into an archive."""
+class Hit:
+    """A search result: a message or a summary, and its score (higher is better)."""
 
-    content: str
-    rendered: str
-    token_count: int
-    status: str
-    summarizer: str
-    model: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost: float = 0.0
-    latency_ms: float = 0.0
-    next_attempt_at: datetime | None = None
-    last_error: str | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    score: float
+    message: StoredMessage | None = None
+    summary: Summary | None = None
 
 
-def newest_window(messages_oldest_first: list[StoredMessage], token_cap: int) -> list[StoredMessage]:
-    """The newest messages up to ``token_cap`` tokens, extended to complete a tool unit.
+@runtime_checkable
+class Store(Protocol):
+    """Persistence for conversations, messages and summaries. Safe for concurrent callers."""
 
-    Every backend cuts its read with this, so all of them hand assembly the same rows.
-    """
+    blocking: bool
+    """True when calls may wait (disk, network, locks): async callers then run them on a thread pool."""
+
+    def initialize(self) -> None:
+        """Create or upgrade the schema if needed."""
+        ...
+
+    def close(self) -> None: ...
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def read_state(self, conversation_id: str) -> ConversationState | None: ...
+
+    def read_context(
+        self, conversation_id: str, request: ContextRequest, expect_version: int | None = None
+    ) -> Snapshot | None:
+        """The state, the active pinned messages and the requested windows, in one snapshot.
+
+        None when the conversation does not exist, or when ``expect_version`` is given and the
+        state has another version (the caller planned the request from an older state).
+        """
+        ...
+
+    def read_messages(self, conversation_id: str, first: int, last: int) -> list[StoredMessage]:
+        """Messages with ``first <= sequence <= last`` (pinned ones included), oldest first."""
+        ...
+
+    def read_summaries(self, conversation_id: str, kind: str, after: int = 0) -> list[Summary]:
+        """Every summary of ``kind`` (``topic`` or ``archive``) with ordinal > ``after``, oldest first."""
+        ...
+
+    def search(self, conversation_id: str, query: Query, limit: int, kind: str = "message") -> list[Hit]:
+        """Messages (``kind="message"``) or summaries (``kind="summary"``: topic summaries and
+        archives that have text) matching ``query``, best first: BM25 over words and phrases
+        (:mod:`tiered_history.core.ranking`), newest first on equal scores. A literal query matches
+        messages containing its text (case-insensitive), newest first."""
+        ...
+
+    def conversation_ids(self) -> list[str]:
+        """Every stored conversation id, in the store's id order."""
+        ...
+
+    def list_conversations(
+        self, platform: str | None, after: str | None, limit: int
+    ) -> list[ConversationState]:
+        """Up to ``limit`` conversations (of ``platform``) with ids above ``after``, in id order."""
+        ...
+
+    def stats(self, conversation_id: str | None) -> list[ConversationStats]: ...
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def commit(self, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
+        """Apply ``writes`` atomically if ``guard`` still holds; otherwise write nothing.
+
+        Raises :class:`LeaseLostError` when ``guard.lease_owner`` no longer holds the lease.
+        """
+        ...
+
+    def update(
+        self,
+        conversation_id: str,
+        plan: Callable[[ConversationState | None], Writes | None],
+        lease_owner: str | None = None,
+    ) -> Committed:
+        """Lock the conversation, read its state, and apply ``plan(state)`` atomically.
+
+        ``plan`` is a pure function (the core's): it runs while the conversation is locked, so
+        it cannot lose a race. Returns what was written (``Committed.writes``; None when the plan
+        had nothing to do). Raises what ``plan`` raises (nothing is written then), and
+        :class:`LeaseLostError` when ``lease_owner`` is given and does not hold the lease.
+        """
+        ...
+
+    def delete(self, conversation_id: str) -> bool:
+        """Remove every row of the conversation (state, messages, summaries, index entries)."""
+        ...
+
+    # -- maintenance leases --------------------------------------------------------------------
+
+    def claim(
+        self,
+        owner: str,
+        now: datetime,
+        lease_seconds: float,
+        limit: int,
+        after: str | None = None,
+        conversation_id: str | None = None,
+    ) -> list[str]:
+        """Lease up to ``limit`` conversations whose ``due_at`` has come (or ``conversation_id``).
+
+        Candidates are taken, and returned, in id order (the database's collation), from ids
+        greater than ``after`` when it is given, so a pass walks every due conversation once.
+        A conversation leased by another worker is skipped until its lease expires.
+        """
+        ...
+
+    def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:
+        """Extend ``owner``'s lease; False if another worker holds it now."""
+        ...
+
+    def release(self, owner: str, conversation_id: str) -> None:
+        """Give the lease back (no-op if ``owner`` does not hold it)."""
+        ...
+
+
+def newest_window(messages_oldest_first: Sequence[StoredMessage], token_cap: int) -> list[StoredMessage]:
+    """The newest messages up to ``token_cap`` tokens, extended to complete a tool unit."""
     out: list[StoredMessage] = []
     tokens = 0
     for m in reversed(messages_oldest_first):
@@ -129,7 +212,7 @@ def newest_window(messages_oldest_first: list[StoredMessage], token_cap: int) ->
     return out
 
 
-def newest_summaries(summaries_oldest_first: list[Summary], token_cap: int) -> list[Summary]:
+def newest_summaries(summaries_oldest_first: Sequence[Summary], token_cap: int) -> list[Summary]:
     """The newest summaries whose tokens reach ``token_cap`` (the last one may cross it)."""
     out: list[Summary] = []
     tokens = 0
@@ -140,133 +223,3 @@ def newest_summaries(summaries_oldest_first: list[Summary], token_cap: int) -> l
         tokens += x.token_count
     out.reverse()
     return out
-
-
-def newest_unit(messages_oldest_first: list[StoredMessage]) -> list[StoredMessage]:
-    """The newest unpinned message, preceded by its tool call and sibling results if it is a tool result."""
-    msgs = [m for m in messages_oldest_first if not m.pinned]
-    if not msgs:
-        return []
-    start = len(msgs) - 1
-    while start > 0 and msgs[start].role == "tool":
-        start -= 1
-    return msgs[start:] if msgs[-1].role == "tool" else msgs[-1:]
-
-
-class LeaseLostError(Exception):
-    """This worker's lease on a conversation expired and another worker took it over."""
-
-
-class Store(Protocol):
-    """Persistence for messages, topics and archives. Async; safe for concurrent callers."""
-
-    async def initialize(self) -> None:
-        """Create or upgrade the schema if needed."""
-
-    async def close(self) -> None: ...
-
-    async def append(
-        self,
-        conversation_id: str,
-        platform: str | None,
-        prepared: PreparedMessage,
-        policy: BoundaryPolicy,
-        now: datetime,
-    ) -> tuple[StoredMessage, Summary | None]:
-        """Store one message with the next sequence; seal the open topic first if ``policy`` says so.
-
-        Atomic: on any error nothing is stored. Returns the message and the topic sealed, if any.
-        """
-        ...
-
-    async def seal(self, conversation_id: str, reason: str, now: datetime) -> Summary | None:
-        """Seal the open topic (up to the last message with no tool call awaiting its result)."""
-        ...
-
-    async def state(self, conversation_id: str) -> ConversationState | None: ...
-
-    async def read_context(
-        self, conversation_id: str, token_cap: int, covered_budget: CoveredBudget | None = None
-    ) -> ContextRows:
-        """Rows ``get_context`` may use: reads stop once ``token_cap`` tokens of each kind are in hand.
-
-        ``covered_budget`` is asked, in the same snapshot, how many tokens of dropped archives
-        and of already-summarised messages could be used; that many are read into ``dropped``
-        and ``covered`` (none when it says 0).
-        """
-        ...
-
-    async def history(self, conversation_id: str) -> History: ...
-
-    async def search(self, conversation_id: str, text: str, limit: int) -> list[StoredMessage]: ...
-
-    async def claim(
-        self,
-        owner: str,
-        now: datetime,
-        lease_seconds: float,
-        silence_before: datetime | None,
-        conversation_id: str | None,
-        limit: int,
-        min_tokens: int = 0,
-        after: str | None = None,
-    ) -> list[ConversationState]:
-        """Lease up to ``limit`` conversations that have work (or ``conversation_id`` only).
-
-        Candidates are taken, and returned, in id order (the database's collation), from ids
-        greater than ``after`` when it is given: a pass walks every conversation with work once
-        by passing the last id it got back.
-        """
-        ...
-
-    async def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:
-        """Extend ``owner``'s lease; False if another worker holds it now."""
-        ...
-
-    async def next_retry(self, conversation_id: str, max_attempts: int) -> datetime | None:
-        """When the earliest provisional summary is due for another attempt."""
-        ...
-
-    async def release(
-        self, owner: str, conversation_id: str, needs_maintenance: bool, next_retry_at: datetime | None
-    ) -> None: ...
-
-    async def seal_if_silent(
-        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime, min_tokens: int = 0
-    ) -> Summary | None:
-        """Seal the open topic if its newest message is older than ``silence_before`` (under the lease)."""
-        ...
-
-    async def topics_to_summarize(
-        self, conversation_id: str, now: datetime, max_attempts: int
-    ) -> list[Summary]:
-        """Pending topics, and provisional ones due for another attempt, oldest first."""
-        ...
-
-    async def topic_messages(self, conversation_id: str, first: int, last: int) -> list[StoredMessage]:
-        """Unpinned messages in a sequence range, oldest first (what a summariser reads)."""
-        ...
-
-    async def save_topic_summary(
-        self, owner: str, topic: Summary, write: SummaryWrite, now: datetime
-    ) -> bool:
-        """Record a topic's summary once; False if another worker already did."""
-        ...
-
-    async def active_summaries(self, conversation_id: str, tier: str) -> list[Summary]:
-        """Summarised, unmerged topics (tier ``topic``) or undropped archives (``bulk``), oldest first."""
-        ...
-
-    async def save_archive(
-        self, owner: str, conversation_id: str, topics: Sequence[Summary], write: SummaryWrite, now: datetime
-    ) -> Summary | None:
-        """Merge ``topics`` into a new archive atomically; None if any was merged meanwhile."""
-        ...
-
-    async def drop_archives(
-        self, owner: str, conversation_id: str, ids: Sequence[int], now: datetime
-    ) -> int: ...
-
-    async def stats(self, conversation_id: str | None) -> list[ConversationStats]: ...
-
-    async def conversation_ids(self) -> list[str]: ...

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -14,6 +15,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
 from ..errors import ConfigurationError, StoreError, TransientStoreError
+from ..retry import store_retry
+
+T = TypeVar("T")
 
 #: Execution option that makes a SQLite transaction start with BEGIN IMMEDIATE.
 WRITE_OPTION = "tiered_history_write"
@@ -49,6 +53,13 @@ class Capabilities:
     def insert(self, table: sa.Table) -> Any:
         """An INSERT that supports ``on_conflict_do_nothing`` on this dialect."""
         return postgresql.insert(table) if self.name == "postgresql" else sqlite.insert(table)
+
+    def retry(self, fn: Callable[[], T]) -> T:
+        """``fn()``, retried on transient errors where that is safe (PostgreSQL), else run once.
+
+        SQLite is not retried: a locked database has already waited its busy timeout.
+        """
+        return store_retry(fn) if self.retry_transient else fn()
 
 
 def database_url(url: str) -> sa.URL:
@@ -152,20 +163,33 @@ def capabilities(engine: sa.Engine) -> Capabilities:
 _TRANSIENT_PG = re.compile(r"^(08|40001|40P01|57P0[123]|53300)")
 
 
-def translate(error: BaseException, action: str) -> StoreError:
-    """Turn a driver error into a library error with a clear message (no driver traceback)."""
+def _driver_error(error: BaseException) -> BaseException:
     orig = getattr(error, "orig", None)
+    return orig if isinstance(orig, BaseException) else error
+
+
+def translate(error: BaseException, action: str) -> StoreError:
+    """Turn a driver or SQLAlchemy error into a library error with a clear message (no traceback)."""
+    orig = _driver_error(error)
     code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or ""
-    detail = (
-        str(orig or error).strip().splitlines()[0] if str(orig or error).strip() else type(error).__name__
-    )
+    text = str(orig).strip()
+    detail = text.splitlines()[0] if text else type(orig).__name__
+    kind = type(orig).__name__
     transient = bool(
         (isinstance(error, exc.DBAPIError) and error.connection_invalidated)
         or (code and _TRANSIENT_PG.match(code))
         or isinstance(error, exc.TimeoutError)
         or isinstance(orig, OSError)
         or "database is locked" in detail
-        or ("connection" in detail.lower() and isinstance(error, exc.OperationalError))
+        or ("connection" in detail.lower() and "OperationalError" in kind)
+        or kind in {"ConnectionTimeout", "ConnectionFailure", "AdminShutdown"}
     )
     cls = TransientStoreError if transient else StoreError
-    return cls(f"database error while {action}: {detail}")
+    err = cls(f"database error while {action}: {detail}")
+    err.integrity = code.startswith("23") or "IntegrityError" in kind or "UniqueViolation" in kind
+    return err
+
+
+def is_integrity_error(error: StoreError) -> bool:
+    """A unique or foreign-key constraint refused the write (another writer got there first)."""
+    return bool(getattr(error, "integrity", False))

@@ -1,487 +1,438 @@
-"""In-memory store with the same contract as the SQL store: for tests and throwaway bots.
+"""In-memory store (``memory://``): dicts behind one lock, for tests and throwaway bots.
 
-State lives in plain dicts guarded by one asyncio lock, so every operation is
-atomic; rows are frozen dataclasses replaced (never mutated) on change.
+It knows no domain rule: it applies the writes the core computes, under the same guards as
+the SQL store. Rows are frozen dataclasses; their mutable fields (metadata, tool calls, extra
+fields) are copied in and out, so nothing the caller holds can change stored history.
 """
 
 from __future__ import annotations
 
-import asyncio
+import copy
 import itertools
-from collections.abc import Sequence
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
-from ..errors import ConversationNotFoundError, InvalidMessageError
-from ..models import ConversationStats, History, StoredMessage, Summary
-from .base import (
-    BoundaryPolicy,
-    ContextRows,
-    ConversationState,
-    CoveredBudget,
-    LeaseLostError,
-    PreparedMessage,
-    SummaryWrite,
-    newest_summaries,
-    newest_unit,
-    newest_window,
-)
+from ..core.ranking import Query, Scored, bm25_term, phrase_count, words
+from ..core.state import Committed, ConversationState, Guard, NewMessage, NewRef, NewSummary, Outcome, Writes
+from ..models import ConversationStats, StoredMessage, Summary
+from .base import ContextRequest, Hit, LeaseLostError, Snapshot, newest_summaries, newest_window
+
+T = TypeVar("T")
+
+
+def _copy(value: T) -> T:
+    return copy.deepcopy(value) if value else value
+
+
+def _detached(m: StoredMessage) -> StoredMessage:
+    if not (m.metadata or m.tool_calls or m.extra):
+        return m
+    return replace(m, metadata=_copy(m.metadata), tool_calls=_copy(m.tool_calls), extra=_copy(m.extra))
+
+
+def to_stored(cid: str, m: NewMessage) -> StoredMessage:
+    """The record of a message row as every store returns it."""
+    wire = dict(m.wire or {})
+    name = wire.pop("name", None)
+    tool_calls = wire.pop("tool_calls", None)
+    tool_call_id = wire.pop("tool_call_id", None)
+    return StoredMessage(
+        conversation_id=cid,
+        sequence=m.sequence,
+        role=m.role,  # type: ignore[arg-type]
+        content=m.content,
+        timestamp=m.timestamp,
+        token_count=m.token_count,
+        full_token_count=m.full_token_count,
+        name=name,
+        tool_calls=tool_calls,
+        tool_call_id=tool_call_id,
+        pinned=m.pinned,
+        metadata=dict(m.metadata or {}),
+        extra=wire or None,
+        pin_key=m.pin_key,
+    )
+
+
+def to_summary(cid: str, row_id: int, s: NewSummary, ids: Sequence[int] = ()) -> Summary:
+    parent = ids[s.parent.index] if isinstance(s.parent, NewRef) else s.parent
+    return Summary(
+        id=row_id,
+        conversation_id=cid,
+        tier="topic" if s.kind == "topic" else "bulk",
+        sequence=s.ordinal,
+        first_sequence=s.first_sequence,
+        last_sequence=s.last_sequence,
+        content=s.content,
+        rendered=s.rendered,
+        token_count=s.token_count,
+        source_tokens=s.source_tokens,
+        started_at=s.started_at,
+        ended_at=s.ended_at,
+        status=s.status,  # type: ignore[arg-type]
+        sealed_at=s.sealed_at,
+        sealed_reason=s.sealed_reason,
+        summarizer=s.summarizer,
+        model=s.model,
+        prompt_tokens=s.prompt_tokens,
+        completion_tokens=s.completion_tokens,
+        cost=s.cost,
+        latency_ms=s.latency_ms,
+        attempts=s.attempts,
+        created_at=s.created_at,
+        next_attempt_at=s.next_attempt_at,
+        last_error=s.last_error,
+        level=s.level,
+        merged_into=parent,
+        dropped_at=s.dropped_at,
+    )
+
+
+#: Columns whose update adds to the stored value (spend accumulates over attempts).
+ADDITIVE = frozenset({"prompt_tokens", "completion_tokens", "cost"})
+#: Update columns named as in the schema, where the record's field has another name.
+_FIELD = {"parent_id": "merged_into"}
+
+
+class _Index:
+    """An inverted index of one kind of document (messages by sequence, summaries by id)."""
+
+    def __init__(self) -> None:
+        self.postings: dict[str, dict[int, int]] = {}
+        self.docs: dict[int, list[str]] = {}
+        self.total = 0
+
+    def put(self, key: int, text: str) -> None:
+        self.remove(key)
+        found = words(text)
+        self.docs[key] = found
+        self.total += len(found)
+        for w, n in Counter(found).items():
+            self.postings.setdefault(w, {})[key] = n
+
+    def remove(self, key: int) -> None:
+        old = self.docs.pop(key, None)
+        if old is None:
+            return
+        self.total -= len(old)
+        for w in set(old):
+            self.postings[w].pop(key, None)
+
+    def rank(self, query: Query, recency: Callable[[int], int], keep: Callable[[int], bool]) -> list[Scored]:
+        """BM25 of every matching document (core.ranking's formula, this index's statistics)."""
+        n = len(self.docs)
+        if not n:
+            return []
+        avg = self.total / n
+        scores: dict[int, float] = {}
+        for i, group in enumerate(query.groups):
+            lists = [self.postings.get(w, {}) for w in group]
+            if len(group) == 1:
+                tfs = dict(lists[0])
+            else:
+                keys = set(sorted(lists, key=len)[0]).intersection(*lists)
+                tfs = {k: c for k in keys if (c := phrase_count(self.docs[k], group))}
+            for key, tf in tfs.items():
+                term = bm25_term(tf, len(tfs), n, len(self.docs[key]), avg)
+                scores[key] = scores.get(key, 0.0) + query.weight(i) * term
+        out = [Scored(k, v, recency(k)) for k, v in scores.items() if keep(k)]
+        out.sort(key=lambda x: (-x.score, -x.recency))
+        return out
 
 
 @dataclass
 class _Conversation:
     state: ConversationState
-    last_clean_seq: int = 0
-    topic_count: int = 0
-    bulk_count: int = 0
-    compressions: int = 0
     messages: list[StoredMessage] = field(default_factory=list)
-    topics: list[Summary] = field(default_factory=list)
-    archives: list[Summary] = field(default_factory=list)
+    summaries: dict[int, Summary] = field(default_factory=dict)
+    message_index: _Index = field(default_factory=_Index)
+    summary_index: _Index = field(default_factory=_Index)
 
 
 class MemoryStore:
-    """Keeps everything in this process; lost when it exits."""
+    """Keeps everything in this process; lost when it exits. Never blocks."""
+
+    blocking = False
 
     def __init__(self) -> None:
         self._convs: dict[str, _Conversation] = {}
-        self._lock = asyncio.Lock()
+        self._lock = threading.RLock()
         self._ids = itertools.count(1)
 
-    async def initialize(self) -> None:
+    def initialize(self) -> None:
         return None
 
-    async def close(self) -> None:
+    def close(self) -> None:
         return None
 
-    def _get(self, cid: str) -> _Conversation:
-        conv = self._convs.get(cid)
-        if conv is None:
-            raise ConversationNotFoundError(f"no conversation {cid!r}")
-        return conv
+    # -- reads ---------------------------------------------------------------------------------
 
-    def _fence(self, owner: str, cid: str) -> _Conversation:
-        conv = self._convs.get(cid)
-        if conv is None or conv.state.lease_owner != owner:
-            raise LeaseLostError(cid)
-        return conv
+    def read_state(self, conversation_id: str) -> ConversationState | None:
+        with self._lock:
+            conv = self._convs.get(conversation_id)
+            return None if conv is None else conv.state
 
-    # -- writing messages -----------------------------------------------------------------
+    def read_context(
+        self, conversation_id: str, request: ContextRequest, expect_version: int | None = None
+    ) -> Snapshot | None:
+        with self._lock:
+            conv = self._convs.get(conversation_id)
+            if conv is None or (expect_version is not None and conv.state.version != expect_version):
+                return None
+            state = conv.state
+            pinned_seqs = set(state.pinned_sequences)
+            pinned = [_detached(conv.messages[s - 1]) for s in sorted(pinned_seqs)]
+            windows = []
+            for w in request.windows:
+                rows = [m for m in conv.messages[w.lo : w.hi] if not m.pinned]
+                windows.append([_detached(m) for m in newest_window(rows, w.token_cap)])
+            summaries = []
+            ordered = sorted(conv.summaries.values(), key=lambda s: s.sequence)
+            for sw in request.summaries:
+                picked = [
+                    s
+                    for s in ordered
+                    if s.tier == sw.kind and s.sequence > sw.after and _selected(s, sw.live, sw.upto)
+                ]
+                summaries.append(newest_summaries(picked, sw.token_cap))
+            by_id = [conv.summaries[i] for i in request.summary_ids if i in conv.summaries]
+            return Snapshot(state, pinned, windows, summaries, by_id)
 
-    async def append(
+    def read_messages(self, conversation_id: str, first: int, last: int) -> list[StoredMessage]:
+        with self._lock:
+            conv = self._convs.get(conversation_id)
+            if conv is None:
+                return []
+            return [_detached(m) for m in conv.messages[max(first, 1) - 1 : max(last, 0)]]
+
+    def read_summaries(self, conversation_id: str, kind: str, after: int = 0) -> list[Summary]:
+        with self._lock:
+            conv = self._convs.get(conversation_id)
+            if conv is None:
+                return []
+            rows = [s for s in conv.summaries.values() if s.tier == kind and s.sequence > after]
+            return sorted(rows, key=lambda s: s.sequence)
+
+    def search(self, conversation_id: str, query: Query, limit: int, kind: str = "message") -> list[Hit]:
+        with self._lock:
+            conv = self._convs.get(conversation_id)
+            if conv is None or query.empty:
+                return []
+            if query.literal is not None:
+                needle = query.literal.lower()
+                found = [m for m in reversed(conv.messages) if needle in m.content.lower()][:limit]
+                return [Hit(1.0, message=_detached(m)) for m in found]
+            if kind == "message":
+                ranked = conv.message_index.rank(query, lambda seq: seq, lambda seq: True)
+                return [Hit(r.score, message=_detached(conv.messages[r.key - 1])) for r in ranked[:limit]]
+            summaries = conv.summaries
+            ranked = conv.summary_index.rank(
+                query,
+                lambda i: summaries[i].last_sequence,
+                lambda i: summaries[i].status not in ("pending", "superseded"),
+            )
+            return [Hit(r.score, summary=summaries[r.key]) for r in ranked[:limit]]
+
+    def conversation_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._convs)
+
+    def list_conversations(
+        self, platform: str | None, after: str | None, limit: int
+    ) -> list[ConversationState]:
+        with self._lock:
+            out = [
+                c.state
+                for cid, c in sorted(self._convs.items())
+                if (after is None or cid > after) and (platform is None or c.state.platform == platform)
+            ]
+            return out[:limit]
+
+    def stats(self, conversation_id: str | None) -> list[ConversationStats]:
+        with self._lock:
+            ids = sorted(self._convs) if conversation_id is None else [conversation_id]
+            return [_stats(self._convs[c]) for c in ids if c in self._convs]
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def commit(self, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
+        with self._lock:
+            conv = self._convs.get(conversation_id)
+            if guard.lease_owner is not None and (
+                conv is None or conv.state.lease_owner != guard.lease_owner
+            ):
+                raise LeaseLostError(conversation_id)
+            if conv is None:
+                if guard.version is not None or not writes.create:
+                    return Committed(Outcome.VERSION_CONFLICT)
+            elif writes.create or conv.state.version != guard.version:
+                return Committed(Outcome.VERSION_CONFLICT)
+            have = len(conv.messages) if conv is not None else 0
+            if [m.sequence for m in writes.messages] != list(
+                range(have + 1, have + 1 + len(writes.messages))
+            ):
+                return Committed(Outcome.VERSION_CONFLICT)  # a sequence taken already (a unique key in SQL)
+            summaries = conv.summaries if conv is not None else {}
+            for u in writes.updates:
+                row = summaries.get(_row_id(summaries, u))
+                if u.required and (row is None or not _matches(row, u)):
+                    return Committed(Outcome.ROW_CONFLICT)
+            # Every check passed: apply it all (nothing below can fail).
+            lease = (
+                (conv.state.lease_owner, conv.state.lease_expires_at) if conv is not None else (None, None)
+            )
+            if conv is None:
+                conv = self._convs[conversation_id] = _Conversation(writes.state)
+            conv.state = replace(writes.state, lease_owner=lease[0], lease_expires_at=lease[1])
+            for m in writes.messages:
+                conv.messages.append(_detached(to_stored(conversation_id, m)))
+                conv.message_index.put(m.sequence, m.content)
+            ids = []
+            for s in writes.summaries:
+                row_id = next(self._ids)
+                ids.append(row_id)
+                conv.summaries[row_id] = to_summary(conversation_id, row_id, s, ids)
+                conv.summary_index.put(row_id, s.content)
+            for u in writes.updates:
+                row_id = _row_id(conv.summaries, u)
+                row = conv.summaries.get(row_id)
+                if row is None or not _matches(row, u):
+                    continue
+                values: dict[str, Any] = {}
+                for key, value in u.values.items():
+                    name = _FIELD.get(key, key)
+                    if isinstance(value, NewRef):
+                        value = ids[value.index]
+                    if key in ADDITIVE:
+                        value = getattr(row, name) + value
+                    values[name] = value
+                conv.summaries[row_id] = replace(row, **values)
+                if "content" in values:
+                    conv.summary_index.put(row_id, values["content"])
+            return Committed(Outcome.COMMITTED, tuple(ids), writes)
+
+    def update(
         self,
         conversation_id: str,
-        platform: str | None,
-        prepared: PreparedMessage,
-        policy: BoundaryPolicy,
-        now: datetime,
-    ) -> tuple[StoredMessage, Summary | None]:
-        m = prepared.message
-        async with self._lock:
+        plan: Callable[[ConversationState | None], Writes | None],
+        lease_owner: str | None = None,
+    ) -> Committed:
+        with self._lock:
             conv = self._convs.get(conversation_id)
-            fresh = conv is None
-            if conv is None:
-                conv = _Conversation(
-                    ConversationState(
-                        id=conversation_id,
-                        platform=platform,
-                        encoding="",
-                        last_sequence=0,
-                        last_message_at=None,
-                        topic_start_seq=1,
-                        open_topic_tokens=0,
-                        open_topic_messages=0,
-                        open_tool_calls=[],
-                        summarized_upto=0,
-                        pinned_count=0,
-                        needs_maintenance=False,
-                        lease_owner=None,
-                        lease_expires_at=None,
-                        next_retry_at=None,
-                    )
-                )
-            st = conv.state
-            open_calls = list(st.open_tool_calls)
-            if m.role == "tool" and m.tool_call_id not in open_calls:
-                raise InvalidMessageError(
-                    f"tool result {m.tool_call_id!r} answers no open tool call in this conversation "
-                    "(add the assistant message with the matching tool_calls first)"
-                )
-            reason = policy(st.open_topic, prepared)
-            if fresh:
-                self._convs[conversation_id] = conv
-            sealed = self._seal_locked(conv, reason, now) if reason else None
-            st = conv.state
-            seq = st.last_sequence + 1
-            stored = prepared.stored(conversation_id, seq)
-            conv.messages.append(stored)
-            if m.tool_calls:
-                open_calls = [str(c["id"]) for c in m.tool_calls]
-                conv.last_clean_seq = seq - 1
-            elif m.role == "tool":
-                open_calls.remove(str(m.tool_call_id))
-            elif not m.pinned:
-                open_calls = []  # a new turn abandons calls that never got results
-            if not open_calls:
-                conv.last_clean_seq = seq
-            conv.state = replace(
-                st,
-                platform=st.platform or platform,
-                last_sequence=seq,
-                last_message_at=m.timestamp
-                if st.last_message_at is None or m.timestamp > st.last_message_at
-                else st.last_message_at,
-                open_topic_tokens=st.open_topic_tokens + (0 if m.pinned else prepared.token_count),
-                open_topic_messages=st.open_topic_messages + 1,
-                open_tool_calls=open_calls,
-                pinned_count=st.pinned_count + int(m.pinned),
-            )
-            return stored, sealed
-
-    def _seal_range(self, conv: _Conversation, reason: str, now: datetime, upto: int) -> Summary | None:
-        st = conv.state
-        first = st.topic_start_seq
-        if upto < first:
-            return None
-        covered = [x for x in conv.messages if first <= x.sequence <= upto]
-        conv.topic_count += 1
-        topic = Summary(
-            id=next(self._ids),
-            conversation_id=st.id,
-            tier="topic",
-            sequence=conv.topic_count,
-            first_sequence=first,
-            last_sequence=upto,
-            content="",
-            rendered="",
-            token_count=0,
-            source_tokens=sum(x.full_token_count for x in covered if not x.pinned),
-            started_at=min(x.timestamp for x in covered),
-            ended_at=max(x.timestamp for x in covered),
-            status="pending",
-            sealed_at=now,
-            sealed_reason=reason,
-            created_at=now,
-        )
-        conv.topics.append(topic)
-        rest = [x for x in conv.messages if x.sequence > upto]
-        conv.state = replace(
-            st,
-            topic_start_seq=upto + 1,
-            open_topic_messages=len(rest),
-            open_topic_tokens=sum(x.token_count for x in rest if not x.pinned),
-            needs_maintenance=True,
-            next_retry_at=None,
-        )
-        return topic
-
-    def _seal_locked(self, conv: _Conversation, reason: str, now: datetime) -> Summary | None:
-        st = conv.state
-        upto = st.last_sequence if not st.open_tool_calls else conv.last_clean_seq
-        return self._seal_range(conv, reason, now, upto)
-
-    async def seal(self, conversation_id: str, reason: str, now: datetime) -> Summary | None:
-        async with self._lock:
-            return self._seal_locked(self._get(conversation_id), reason, now)
-
-    # -- reading --------------------------------------------------------------------------
-
-    async def state(self, conversation_id: str) -> ConversationState | None:
-        conv = self._convs.get(conversation_id)
-        return None if conv is None else conv.state
-
-    async def read_context(
-        self, conversation_id: str, token_cap: int, covered_budget: CoveredBudget | None = None
-    ) -> ContextRows:
-        async with self._lock:
-            conv = self._get(conversation_id)
-            st = conv.state
-            pinned = [x for x in conv.messages if x.pinned]
-            unpinned = [x for x in conv.messages if not x.pinned]
-            verbatim = newest_window([m for m in unpinned if m.sequence > st.summarized_upto], token_cap)
-            if not verbatim:
-                verbatim = newest_unit(unpinned)
-            topics = [t for t in conv.topics if t.merged_into is None and t.status != "pending"]
-            archives = [a for a in conv.archives if a.dropped_at is None]
-            dropped = [a for a in conv.archives if a.dropped_at is not None]
-            rows = ContextRows(
-                st,
-                pinned,
-                verbatim,
-                newest_summaries(topics, token_cap),
-                newest_summaries(archives, token_cap),
-            )
-            want_dropped, want_covered = covered_budget(rows) if covered_budget else (0, 0)
-            revived = False
-            if want_dropped > 0:
-                rows = replace(rows, dropped=newest_summaries(dropped, want_dropped))
-                revived = bool(rows.dropped)
-            if revived and covered_budget:
-                _, want_covered = covered_budget(rows)  # revived archives take room first
-            if want_covered > 0:
-                below = min([st.summarized_upto + 1, *(m.sequence for m in verbatim)])
-                covered = newest_window([m for m in unpinned if m.sequence < below], want_covered)
-                rows = replace(rows, covered=covered)
-            return rows
-
-    async def history(self, conversation_id: str) -> History:
-        async with self._lock:
-            conv = self._get(conversation_id)
-            return History(
-                conversation_id=conversation_id,
-                platform=conv.state.platform,
-                messages=list(conv.messages),
-                topics=list(conv.topics),
-                archives=list(conv.archives),
-                open_topic_start=conv.state.topic_start_seq,
+            state = None if conv is None else conv.state
+            if lease_owner is not None and (state is None or state.lease_owner != lease_owner):
+                raise LeaseLostError(conversation_id)
+            writes = plan(state)
+            if writes is None:
+                return Committed(Outcome.COMMITTED)
+            return self.commit(
+                conversation_id, Guard(None if state is None else state.version, lease_owner), writes
             )
 
-    async def search(self, conversation_id: str, text: str, limit: int) -> list[StoredMessage]:
-        async with self._lock:
-            conv = self._get(conversation_id)
-            needle = text.lower()
-            return [x for x in reversed(conv.messages) if needle in x.content.lower()][:limit]
+    def delete(self, conversation_id: str) -> bool:
+        with self._lock:
+            return self._convs.pop(conversation_id, None) is not None
 
-    async def conversation_ids(self) -> list[str]:
-        return sorted(self._convs)
+    # -- leases --------------------------------------------------------------------------------
 
-    # -- background work ------------------------------------------------------------------
-
-    async def claim(
+    def claim(
         self,
         owner: str,
         now: datetime,
         lease_seconds: float,
-        silence_before: datetime | None,
-        conversation_id: str | None,
         limit: int,
-        min_tokens: int = 0,
         after: str | None = None,
-    ) -> list[ConversationState]:
-        async with self._lock:
-            out = []
-            for cid in sorted(self._convs) if conversation_id is None else [conversation_id]:
-                conv = self._convs.get(cid)
-                if conv is None or (after is not None and cid <= after):
-                    continue
-                st = conv.state
-                if (
-                    st.lease_owner is not None
-                    and st.lease_expires_at is not None
-                    and st.lease_expires_at >= now
-                ):
-                    continue
-                due = st.needs_maintenance and (st.next_retry_at is None or st.next_retry_at <= now)
-                silent = (
-                    silence_before is not None
-                    and st.open_topic_messages > 0
-                    and st.open_topic_tokens >= min_tokens
-                    and st.last_message_at is not None
-                    and st.last_message_at < silence_before
-                )
-                if conversation_id is None and not (due or silent):
-                    continue
-                conv.state = replace(
-                    st, lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds)
-                )
-                out.append(conv.state)
+        conversation_id: str | None = None,
+    ) -> list[str]:
+        with self._lock:
+            out: list[str] = []
+            for cid in sorted(self._convs):
                 if len(out) >= limit:
                     break
+                if after is not None and cid <= after:
+                    continue
+                if conversation_id is not None and cid != conversation_id:
+                    continue
+                s = self._convs[cid].state
+                if s.lease_owner is not None and s.lease_expires_at is not None and s.lease_expires_at >= now:
+                    continue
+                due = s.due_at
+                if conversation_id is None and (due is None or due > now):
+                    continue
+                self._convs[cid].state = replace(
+                    s, lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds)
+                )
+                out.append(cid)
             return out
 
-    async def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:
-        async with self._lock:
+    def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:
+        with self._lock:
             conv = self._convs.get(conversation_id)
             if conv is None or conv.state.lease_owner != owner:
                 return False
             conv.state = replace(conv.state, lease_expires_at=until)
             return True
 
-    async def release(
-        self, owner: str, conversation_id: str, needs_maintenance: bool, next_retry_at: datetime | None
-    ) -> None:
-        async with self._lock:
+    def release(self, owner: str, conversation_id: str) -> None:
+        with self._lock:
             conv = self._convs.get(conversation_id)
-            if conv is None or conv.state.lease_owner != owner:
-                return
-            pending = any(t.status == "pending" for t in conv.topics)
-            conv.state = replace(
-                conv.state,
-                lease_owner=None,
-                lease_expires_at=None,
-                needs_maintenance=pending or needs_maintenance,
-                next_retry_at=None if pending else next_retry_at,
-            )
+            if conv is not None and conv.state.lease_owner == owner:
+                conv.state = replace(conv.state, lease_owner=None, lease_expires_at=None)
 
-    async def seal_if_silent(
-        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime, min_tokens: int = 0
-    ) -> Summary | None:
-        async with self._lock:
-            conv = self._fence(owner, conversation_id)
-            st = conv.state
-            if (
-                st.open_topic_messages == 0
-                or st.last_message_at is None
-                or st.last_message_at >= silence_before
-            ):
-                return None
-            return self._seal_locked(conv, "silence", now)
 
-    async def topics_to_summarize(
-        self, conversation_id: str, now: datetime, max_attempts: int
-    ) -> list[Summary]:
-        async with self._lock:
-            conv = self._get(conversation_id)
-            return [
-                t
-                for t in conv.topics
-                if t.merged_into is None
-                and (
-                    t.status == "pending"
-                    or (
-                        t.status == "provisional"
-                        and t.attempts < max_attempts
-                        and (t.next_attempt_at is None or t.next_attempt_at <= now)
-                    )
-                )
-            ]
+def _row_id(summaries: dict[int, Summary], u: Any) -> int:
+    """The id an update names: its own, or that of the topic with its ordinal."""
+    if u.ordinal is None:
+        return int(u.id)
+    return next((i for i, s in summaries.items() if s.tier == "topic" and s.sequence == u.ordinal), 0)
 
-    async def next_retry(self, conversation_id: str, max_attempts: int) -> datetime | None:
-        async with self._lock:
-            conv = self._get(conversation_id)
-            times = [
-                t.next_attempt_at
-                for t in conv.topics
-                if t.status == "provisional" and t.merged_into is None and t.attempts < max_attempts
-            ]
-            known = [x for x in times if x is not None]
-            return min(known) if known else None
 
-    async def topic_messages(self, conversation_id: str, first: int, last: int) -> list[StoredMessage]:
-        async with self._lock:
-            conv = self._get(conversation_id)
-            return [x for x in conv.messages[first - 1 : last] if not x.pinned]
+def _selected(s: Summary, live: bool, upto: int | None) -> bool:
+    if upto is not None:
+        return s.dropped_at is not None and s.sequence <= upto
+    if not live:
+        return True
+    return s.merged_into is None and s.dropped_at is None and s.status not in ("pending", "superseded")
 
-    async def save_topic_summary(
-        self, owner: str, topic: Summary, write: SummaryWrite, now: datetime
-    ) -> bool:
-        async with self._lock:
-            conv = self._fence(owner, topic.conversation_id)
-            idx = next((i for i, t in enumerate(conv.topics) if t.id == topic.id), None)
-            if idx is None:
-                return False
-            cur = conv.topics[idx]
-            if cur.status != topic.status or cur.attempts != topic.attempts or cur.merged_into is not None:
-                return False
-            conv.topics[idx] = replace(
-                cur,
-                content=write.content,
-                rendered=write.rendered,
-                token_count=write.token_count,
-                status=write.status,  # type: ignore[arg-type]
-                summarizer=write.summarizer,
-                model=write.model,
-                prompt_tokens=cur.prompt_tokens + write.prompt_tokens,
-                completion_tokens=cur.completion_tokens + write.completion_tokens,
-                cost=cur.cost + write.cost,
-                latency_ms=write.latency_ms,
-                attempts=cur.attempts + 1,
-                next_attempt_at=write.next_attempt_at,
-                last_error=write.last_error,
-            )
-            st = conv.state
-            if st.summarized_upto == topic.first_sequence - 1:
-                conv.state = replace(st, summarized_upto=topic.last_sequence)
-            if topic.status == "pending":
-                conv.compressions += 1
-            return True
 
-    async def active_summaries(self, conversation_id: str, tier: str) -> list[Summary]:
-        async with self._lock:
-            conv = self._get(conversation_id)
-            if tier == "topic":
-                return [t for t in conv.topics if t.merged_into is None and t.status != "pending"]
-            return [a for a in conv.archives if a.dropped_at is None]
+def _matches(row: Summary, u: Any) -> bool:
+    if u.expect_status is not None and row.status != u.expect_status:
+        return False
+    if u.expect_attempts is not None and row.attempts != u.expect_attempts:
+        return False
+    if u.expect_unmerged and row.merged_into is not None:
+        return False
+    if u.expect_not_pending and row.status == "pending":
+        return False
+    return not (u.expect_undropped and row.dropped_at is not None)
 
-    async def save_archive(
-        self, owner: str, conversation_id: str, topics: Sequence[Summary], write: SummaryWrite, now: datetime
-    ) -> Summary | None:
-        async with self._lock:
-            conv = self._fence(owner, conversation_id)
-            ids = {t.id for t in topics}
-            current = [t for t in conv.topics if t.id in ids]
-            if len(current) != len(topics) or any(
-                t.merged_into is not None or t.status == "pending" for t in current
-            ):
-                return None
-            conv.bulk_count += 1
-            archive = Summary(
-                id=next(self._ids),
-                conversation_id=conversation_id,
-                tier="bulk",
-                sequence=conv.bulk_count,
-                first_sequence=topics[0].first_sequence,
-                last_sequence=topics[-1].last_sequence,
-                content=write.content,
-                rendered=write.rendered,
-                token_count=write.token_count,
-                source_tokens=sum(t.source_tokens for t in topics),
-                started_at=min(t.started_at for t in topics),
-                ended_at=max(t.ended_at for t in topics),
-                status=write.status,  # type: ignore[arg-type]
-                sealed_at=now,
-                summarizer=write.summarizer,
-                model=write.model,
-                prompt_tokens=write.prompt_tokens,
-                completion_tokens=write.completion_tokens,
-                cost=write.cost,
-                latency_ms=write.latency_ms,
-                attempts=1,
-                created_at=now,
-            )
-            conv.archives.append(archive)
-            conv.topics = [replace(t, merged_into=archive.id) if t.id in ids else t for t in conv.topics]
-            conv.compressions += 1
-            return archive
 
-    async def drop_archives(self, owner: str, conversation_id: str, ids: Sequence[int], now: datetime) -> int:
-        async with self._lock:
-            conv = self._fence(owner, conversation_id)
-            wanted = set(ids)
-            n = sum(1 for a in conv.archives if a.id in wanted and a.dropped_at is None)
-            conv.archives = [
-                replace(a, dropped_at=now) if a.id in wanted and a.dropped_at is None else a
-                for a in conv.archives
-            ]
-            return n
-
-    async def stats(self, conversation_id: str | None) -> list[ConversationStats]:
-        async with self._lock:
-            ids = sorted(self._convs) if conversation_id is None else [conversation_id]
-            out = []
-            for cid in ids:
-                conv = self._get(cid)
-                st = conv.state
-                summaries = conv.topics + conv.archives
-                out.append(
-                    ConversationStats(
-                        conversation_id=cid,
-                        platform=st.platform,
-                        messages=len(conv.messages),
-                        message_tokens=sum(x.full_token_count for x in conv.messages),
-                        topics=len(conv.topics),
-                        topics_pending=sum(t.status == "pending" for t in conv.topics),
-                        archives=len(conv.archives),
-                        archives_dropped=sum(a.dropped_at is not None for a in conv.archives),
-                        tier_tokens={
-                            "current": sum(x.token_count for x in conv.messages[st.summarized_upto :]),
-                            "topic": sum(t.token_count for t in conv.topics if t.merged_into is None),
-                            "bulk": sum(a.token_count for a in conv.archives if a.dropped_at is None),
-                        },
-                        compressions=conv.compressions,
-                        summarizer_prompt_tokens=sum(s.prompt_tokens for s in summaries),
-                        summarizer_completion_tokens=sum(s.completion_tokens for s in summaries),
-                        summarizer_cost=float(sum(s.cost for s in summaries)),
-                    )
-                )
-            return out
+def _stats(conv: _Conversation) -> ConversationStats:
+    s = conv.state
+    topics = [x for x in conv.summaries.values() if x.tier == "topic"]
+    archives = [x for x in conv.summaries.values() if x.tier == "bulk"]
+    live = [x for x in conv.summaries.values() if x.merged_into is None and x.dropped_at is None]
+    spend: Sequence[Summary] = list(conv.summaries.values())
+    return ConversationStats(
+        conversation_id=s.id,
+        platform=s.platform,
+        messages=len(conv.messages),
+        message_tokens=sum(m.full_token_count for m in conv.messages),
+        topics=len(topics),
+        topics_pending=sum(t.status == "pending" for t in topics),
+        archives=len(archives),
+        archives_dropped=sum(a.dropped_at is not None for a in archives),
+        tier_tokens={
+            "current": sum(m.token_count for m in conv.messages if m.sequence > s.summarized_upto),
+            "topic": sum(x.token_count for x in live if x.tier == "topic"),
+            "bulk": sum(x.token_count for x in live if x.tier == "bulk"),
+        },
+        compressions=s.compressions,
+        summarizer_prompt_tokens=sum(x.prompt_tokens for x in spend),
+        summarizer_completion_tokens=sum(x.completion_tokens for x in spend),
+        summarizer_cost=float(sum(x.cost for x in spend)),
+    )

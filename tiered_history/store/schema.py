@@ -1,4 +1,14 @@
-"""Database schema (SQLAlchemy Core). Migrations in ``migrations/`` create exactly this."""
+"""Database schema (SQLAlchemy Core). The migrations in ``migrations/`` create exactly this.
+
+Three tables. ``conversations`` holds each conversation's state as one JSON document (what
+the core decides with) next to the columns the store itself queries: the surrogate ``key``
+the other tables refer to, the ``version`` every write checks, ``due_at`` and the lease for
+background work. ``messages`` and ``summaries`` hold the rows, never changed except a
+summary's text and status (filled in once summarised) and its merge/drop marks.
+
+Full-text indexes are created by the migrations outside this metadata (SQLite FTS5 tables
+with triggers, a PostgreSQL ``tsvector`` column with a GIN index): see :data:`FULL_TEXT`.
+"""
 
 from __future__ import annotations
 
@@ -50,74 +60,63 @@ class JSONText(TypeDecorator[Any]):
 conversations = sa.Table(
     "conversations",
     metadata,
-    sa.Column("id", sa.String(255), primary_key=True),
+    sa.Column("key", BigId, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(255), nullable=False),
+    # Every write sets version = version + 1 where version is still the one it read.
+    sa.Column("version", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("platform", sa.String(64)),
     sa.Column("encoding", sa.String(32), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
-    # Message sequences are assigned from this counter under the row lock: unique and gap-free.
-    sa.Column("last_sequence", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("last_message_at", UTCDateTime()),
-    # The open topic: first sequence, size, and whether a tool call awaits its result.
-    sa.Column("topic_start_seq", sa.Integer, nullable=False, server_default="1"),
-    sa.Column("open_topic_tokens", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("open_topic_messages", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("open_tool_calls", JSONText()),
-    sa.Column("last_clean_seq", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("topic_count", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("bulk_count", sa.Integer, nullable=False, server_default="0"),
-    # Messages up to here are represented by summaries; later ones are shown verbatim.
-    sa.Column("summarized_upto", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("pinned_count", sa.Integer, nullable=False, server_default="0"),
-    # Merges and drops always take the oldest first, so "active" is a range above these ordinals.
-    sa.Column("topics_merged_upto", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("archives_dropped_upto", sa.Integer, nullable=False, server_default="0"),
-    # Background work: flag, lease (owner + expiry) and the earliest retry time.
-    sa.Column("needs_maintenance", sa.Boolean, nullable=False, server_default=sa.false()),
-    sa.Column("next_retry_at", UTCDateTime()),
+    # When background maintenance has work here (NULL: none): now, a retry time, a silence deadline.
+    sa.Column("due_at", UTCDateTime()),
     sa.Column("lease_owner", sa.String(128)),
     sa.Column("lease_expires_at", UTCDateTime()),
-    sa.Column("compressions", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("meta", JSONText()),
+    sa.Column("state", sa.Text, nullable=False),
 )
+sa.Index("ux_conversations_id", conversations.c.id, unique=True)
+sa.Index("ix_conversations_due_at", conversations.c.due_at)
+sa.Index("ix_conversations_updated_at", conversations.c.updated_at)
 
-sa.Index("ix_conversations_maintenance", conversations.c.needs_maintenance, conversations.c.next_retry_at)
-sa.Index("ix_conversations_last_message_at", conversations.c.last_message_at)
-
-conversation_history = sa.Table(
-    "conversation_history",
+messages = sa.Table(
+    "messages",
     metadata,
     sa.Column("id", BigId, primary_key=True, autoincrement=True),
-    sa.Column(
-        "conversation_id",
-        sa.String(255),
-        sa.ForeignKey("conversations.id", ondelete="RESTRICT"),
-        nullable=False,
-    ),
-    sa.Column("platform", sa.String(64)),
-    sa.Column("tier", sa.String(8), nullable=False),
-    sa.Column("content", sa.Text, nullable=False),
-    sa.Column("token_count", sa.Integer, nullable=False),
-    # Per conversation and tier: message sequence, topic ordinal or archive ordinal.
-    sa.Column("sequence", sa.Integer, nullable=False),
+    sa.Column("conv", sa.BigInteger, sa.ForeignKey("conversations.key"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
-    sa.Column("sealed_at", UTCDateTime()),
-    # Message rows.
-    sa.Column("role", sa.String(16)),
-    sa.Column("name", sa.String(64)),
-    sa.Column("tool_calls", JSONText()),
-    sa.Column("tool_call_id", sa.String(255)),
+    sa.Column("tokens", sa.Integer, nullable=False),
+    sa.Column("full_tokens", sa.Integer, nullable=False),
     sa.Column("pinned", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("pin_key", sa.String(255)),
+    # The text (a string content, or the text of its content parts): searched and summarised.
+    sa.Column("content", sa.Text, nullable=False),
+    # Every other field of the message as given (name, tool calls, a non-string content, ...).
+    sa.Column("wire", JSONText()),
     sa.Column("meta", JSONText()),
-    sa.Column("full_token_count", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("context_content", sa.Text),
-    # Summary rows (topic and bulk).
-    sa.Column("first_sequence", sa.Integer),
-    sa.Column("last_sequence", sa.Integer),
-    sa.Column("started_at", UTCDateTime()),
-    sa.Column("ended_at", UTCDateTime()),
-    sa.Column("status", sa.String(12)),
+)
+sa.Index("ux_messages_conv_seq", messages.c.conv, messages.c.seq, unique=True)
+
+summaries = sa.Table(
+    "summaries",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("conv", sa.BigInteger, sa.ForeignKey("conversations.key"), nullable=False),
+    sa.Column("kind", sa.String(8), nullable=False),
+    sa.Column("level", sa.SmallInteger, nullable=False, server_default="0"),
+    sa.Column("ordinal", sa.Integer, nullable=False),
+    sa.Column("first_seq", sa.Integer, nullable=False),
+    sa.Column("last_seq", sa.Integer, nullable=False),
+    sa.Column("started_at", UTCDateTime(), nullable=False),
+    sa.Column("ended_at", UTCDateTime(), nullable=False),
+    sa.Column("status", sa.String(12), nullable=False),
+    sa.Column("sealed_at", UTCDateTime()),
     sa.Column("sealed_reason", sa.String(32)),
-    sa.Column("rendered", sa.Text),
+    sa.Column("content", sa.Text, nullable=False, server_default=""),
+    sa.Column("rendered", sa.Text, nullable=False, server_default=""),
+    sa.Column("tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("source_tokens", sa.Integer, nullable=False, server_default="0"),
     sa.Column("summarizer", sa.String(64)),
     sa.Column("model", sa.String(255)),
@@ -128,22 +127,17 @@ conversation_history = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("next_attempt_at", UTCDateTime()),
     sa.Column("last_error", sa.Text),
-    sa.Column("merged_into", BigId, sa.ForeignKey("conversation_history.id")),
+    sa.Column("parent_id", sa.BigInteger),
     sa.Column("dropped_at", UTCDateTime()),
-    sa.Column("stored_at", UTCDateTime(), nullable=False),
-    sa.CheckConstraint("tier IN ('message', 'topic', 'bulk')", name="ck_conversation_history_tier"),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint("kind IN ('topic', 'bulk')", name="ck_summaries_kind"),
+)
+sa.Index(
+    "ux_summaries_conv_kind_ordinal", summaries.c.conv, summaries.c.kind, summaries.c.ordinal, unique=True
 )
 
-sa.Index(
-    "ix_conversation_history_conv_tier_seq",
-    conversation_history.c.conversation_id,
-    conversation_history.c.tier,
-    conversation_history.c.sequence,
-    unique=True,
-)
-sa.Index(
-    "ix_conversation_history_pinned",
-    conversation_history.c.conversation_id,
-    conversation_history.c.pinned,
-    conversation_history.c.sequence,
-)
+#: Objects the migrations create by hand, per dialect, and autogenerate must not compare.
+FULL_TEXT = {
+    "sqlite": ("messages_fts", "summaries_fts"),
+    "postgresql": ("tsv", "ix_messages_tsv", "ix_summaries_tsv"),
+}

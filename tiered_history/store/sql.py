@@ -1,874 +1,876 @@
-"""The SQLAlchemy store: one implementation for SQLite and PostgreSQL.
+"""The SQL store: one implementation for SQLite and PostgreSQL.
 
-Dialect differences (BEGIN IMMEDIATE, SKIP LOCKED, snapshot reads, retries) are
-decided once in :mod:`.dialect`; the queries below are the same everywhere.
+SQLAlchemy provides the engine, the pool and the migrations. The statements a reply runs are
+SQL text written once for both dialects (:class:`Statements`, built once per dialect) and run on
+the driver's own cursor: building a SQLAlchemy statement per call costs as much as running it.
+Dialect differences (transaction start, ``SKIP LOCKED``, how a list is passed, retries) are
+decided once in :mod:`.dialect`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
+import json
+import re
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, exc, func
 
-from ..errors import ConversationNotFoundError, InvalidMessageError, TransientStoreError
-from ..models import ConversationStats, History, StoredMessage, Summary
-from .base import (
-    BoundaryPolicy,
-    ContextRows,
+from ..core.ranking import Query
+from ..core.state import (
+    Committed,
     ConversationState,
-    CoveredBudget,
+    Guard,
+    NewMessage,
+    NewRef,
+    NewSummary,
+    Outcome,
+    SummaryUpdate,
+    Writes,
+)
+from ..errors import StoreError
+from ..models import ConversationStats, StoredMessage, Summary
+from .base import (
+    ContextRequest,
+    Hit,
     LeaseLostError,
-    PreparedMessage,
-    SummaryWrite,
+    Snapshot,
+    SummaryWindow,
     newest_summaries,
-    newest_unit,
     newest_window,
 )
-from .dialect import Capabilities, capabilities, create_engine, prepare_engine, translate
-from .rows import MESSAGE_COLUMNS, SUMMARY_COLUMNS, message_row, to_message, to_state, to_summary
-from .schema import conversation_history as H
-from .schema import conversations as C
+from .dialect import Capabilities, capabilities, create_engine, is_integrity_error, prepare_engine, translate
+from .memory import ADDITIVE
 
 T = TypeVar("T")
 _FIRST_PAGE = 16
 _MAX_PAGE = 256
-_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
-#: Inclusive upper bound meaning "no bound": the largest int4, as every sequence column is.
-_NO_BOUND = 2**31 - 1
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+
+_MESSAGE_COLS = "seq, role, created_at, tokens, full_tokens, pinned, pin_key, content, wire, meta"
+_SUMMARY_COLS = (
+    "id, kind, ordinal, first_seq, last_seq, content, rendered, tokens, source_tokens, started_at, "
+    "ended_at, status, sealed_at, sealed_reason, summarizer, model, prompt_tokens, completion_tokens, "
+    "cost, latency_ms, attempts, parent_id, dropped_at, created_at, next_attempt_at, last_error, level"
+)
+#: Summary fields named differently in the table.
+_RENAMED = {"token_count": "tokens"}
+_STATE_COLS = (
+    "key, id, version, platform, encoding, created_at, updated_at, lease_owner, lease_expires_at, state"
+)
 
 
-def _newest_first(query: sa.Select[Any]) -> sa.Select[Any]:
-    """``query`` restricted to ``sequence <= :hi``, newest first, ``:lim`` rows."""
-    return (
-        query.where(H.c.sequence <= sa.bindparam("hi", type_=sa.Integer))
-        .order_by(H.c.sequence.desc())
-        .limit(sa.bindparam("lim", type_=sa.Integer))
-    )
+class Statements:
+    """Every statement the store runs, as SQL text in the driver's parameter style, built once."""
 
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+        pg = dialect == "postgresql"
+        self.in_list = "= ANY(:seqs)" if pg else "IN (SELECT value FROM json_each(:seqs))"
+        s = self.sql
+        self.state = s(f"SELECT {_STATE_COLS} FROM conversations WHERE id = :id")
+        # SQLite's BEGIN IMMEDIATE has locked the database already; PostgreSQL locks the row.
+        self.state_locked = s(
+            f"SELECT {_STATE_COLS} FROM conversations WHERE id = :id{' FOR UPDATE' if pg else ''}"
+        )
+        self.insert_conversation = s(
+            "INSERT INTO conversations (id, version, platform, encoding, created_at, updated_at, due_at, "
+            "state) VALUES (:id, :version, :platform, :encoding, :created_at, :updated_at, :due_at, :state) "
+            "RETURNING key"
+        )
+        self.update_conversation = s(
+            "UPDATE conversations SET version = :version, platform = :platform, updated_at = :updated_at, "
+            "due_at = :due_at, state = :state WHERE id = :id AND version = :expect RETURNING key, lease_owner"
+        )
+        self.insert_message = s(
+            "INSERT INTO messages (conv, seq, role, created_at, tokens, full_tokens, pinned, pin_key, "
+            "content, wire, meta) VALUES (:conv, :seq, :role, :created_at, :tokens, :full_tokens, "
+            ":pinned, :pin_key, :content, :wire, :meta)"
+        )
+        self.insert_summary = s(
+            "INSERT INTO summaries (conv, kind, level, ordinal, first_seq, last_seq, started_at, ended_at, "
+            "status, sealed_at, sealed_reason, content, rendered, tokens, source_tokens, summarizer, model, "
+            "prompt_tokens, completion_tokens, cost, latency_ms, attempts, next_attempt_at, last_error, "
+            "created_at, parent_id, dropped_at) VALUES (:conv, :kind, :level, :ordinal, :first_seq, "
+            ":last_seq, :started_at, :ended_at, :status, :sealed_at, :sealed_reason, :content, :rendered, "
+            ":tokens, :source_tokens, :summarizer, :model, :prompt_tokens, :completion_tokens, :cost, "
+            ":latency_ms, :attempts, :next_attempt_at, :last_error, :created_at, :parent_id, :dropped_at) "
+            "RETURNING id"
+        )
+        self.pinned = s(f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq {self.in_list}")
+        self.window = s(
+            f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq > :lo AND seq <= :hi "
+            "AND pinned = :false ORDER BY seq DESC LIMIT :lim"
+        )
+        self.range = s(
+            f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq >= :lo AND seq <= :hi "
+            "ORDER BY seq"
+        )
+        live = "AND parent_id IS NULL AND dropped_at IS NULL AND status NOT IN ('pending', 'superseded')"
+        base = (
+            f"SELECT {_SUMMARY_COLS} FROM summaries WHERE conv = :conv AND kind = :kind AND ordinal > :after"
+        )
+        self.summaries_live = s(f"{base} {live} AND ordinal <= :hi ORDER BY ordinal DESC LIMIT :lim")
+        self.summaries_dropped = s(
+            f"{base} AND dropped_at IS NOT NULL AND ordinal <= :hi ORDER BY ordinal DESC LIMIT :lim"
+        )
+        self.summaries_all = s(f"{base} ORDER BY ordinal")
+        self.summaries_by_id = s(
+            f"SELECT {_SUMMARY_COLS} FROM summaries WHERE conv = :conv AND id {self.in_list}"
+        )
+        self.search_literal = s(
+            f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND lower(content) LIKE :pattern "
+            "ESCAPE '\\' ORDER BY seq DESC LIMIT :lim"
+        )
+        m_cols = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLS.split(","))
+        s_cols = ", ".join(f"x.{c.strip()}" for c in _SUMMARY_COLS.split(","))
+        if pg:
+            # BM25 over the tsvector of the matching rows; df counted among them, n and the average
+            # length from the conversation's state (documents matching no word never score).
+            def bm25(table: str, cols: str, order: str, extra: str) -> str:
+                return (
+                    f"WITH cand AS (SELECT x.id, x.tsv FROM {table} x WHERE x.conv = :conv{extra} "
+                    "AND x.tsv @@ to_tsquery('simple', :tsq)), "
+                    "tf AS (SELECT c.id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf "
+                    "FROM cand c, unnest(c.tsv) u WHERE u.lexeme = ANY(:terms)), "
+                    "dl AS (SELECT c.id, (SELECT coalesce(sum(coalesce(array_length(v.positions, 1), 1)), 0) "
+                    "FROM unnest(c.tsv) v) AS dl FROM cand c), "
+                    "df AS (SELECT lexeme, count(*) AS n FROM tf GROUP BY lexeme), "
+                    "sc AS (SELECT tf.id, sum(greatest(ln((:n - df.n + 0.5) / (df.n + 0.5)), 1e-6) "
+                    "* tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * dl.dl / :avg))) AS score "
+                    "FROM tf JOIN df USING (lexeme) JOIN dl USING (id) GROUP BY tf.id) "
+                    f"SELECT {cols}, sc.score FROM sc JOIN {table} x ON x.id = sc.id "
+                    f"ORDER BY sc.score DESC, {order} DESC LIMIT :lim"
+                )
 
-class _ReadStatements:
-    """The statements ``read_context`` runs on every reply, built once.
-
-    Building a SQLAlchemy statement costs about 0.1 ms, as much as running it on SQLite;
-    prebuilt statements also reuse their compiled form from the engine's cache.
-    """
-
-    def __init__(self) -> None:
-        cid = sa.bindparam("cid", type_=sa.String)
-        lo = sa.bindparam("lo", type_=sa.Integer)
-        messages = sa.select(*MESSAGE_COLUMNS).where(H.c.conversation_id == cid, H.c.tier == "message")
-        self.state = sa.select(C, C.c.topics_merged_upto, C.c.archives_dropped_upto).where(C.c.id == cid)
-        self.pinned = messages.where(H.c.pinned == sa.true()).order_by(H.c.sequence)
-        self.unpinned = _newest_first(messages.where(H.c.pinned == sa.false(), H.c.sequence > lo))
-        summaries = sa.select(*SUMMARY_COLUMNS).where(H.c.conversation_id == cid)
-        self.topics = _newest_first(
-            summaries.where(
-                H.c.tier == "topic",
-                H.c.sequence > lo,
-                H.c.merged_into.is_(None),
-                H.c.status != "pending",
+            self.search_messages = s(bm25("messages", m_cols.replace("m.", "x."), "x.seq", ""))
+            self.search_summaries = s(
+                bm25("summaries", s_cols, "x.last_seq", " AND x.status NOT IN ('pending', 'superseded')")
             )
+            self.summary_stats = s(
+                "SELECT count(*), coalesce(avg(length(tsv)), 1) FROM summaries "
+                "WHERE conv = :conv AND status NOT IN ('pending', 'superseded')"
+            )
+        else:
+            # FTS5's bm25() (k1 1.2, b 0.75) with the text column only (the conversation column
+            # selects, it does not score); it is negative, lower is better.
+            self.search_messages = s(
+                f"SELECT {m_cols}, -bm25(messages_fts, 1.0, 0.0) AS score FROM messages_fts "
+                "JOIN messages m ON m.id = messages_fts.rowid WHERE messages_fts MATCH :q "
+                "ORDER BY score DESC, m.seq DESC LIMIT :lim"
+            )
+            self.search_summaries = s(
+                f"SELECT {s_cols}, -bm25(summaries_fts, 1.0, 0.0) AS score FROM summaries_fts "
+                "JOIN summaries x ON x.id = summaries_fts.rowid WHERE summaries_fts MATCH :q "
+                "AND x.status NOT IN ('pending', 'superseded') "
+                "ORDER BY score DESC, x.last_seq DESC LIMIT :lim"
+            )
+        self.ids = s("SELECT id FROM conversations ORDER BY id")
+        self.listing = s(f"SELECT {_STATE_COLS} FROM conversations WHERE id > :after ORDER BY id LIMIT :lim")
+        self.listing_platform = s(
+            f"SELECT {_STATE_COLS} FROM conversations WHERE id > :after AND platform = :platform "
+            "ORDER BY id LIMIT :lim"
         )
-        self.archives = _newest_first(
-            summaries.where(H.c.tier == "bulk", H.c.sequence > lo, H.c.dropped_at.is_(None))
+        self.lease_of = s("SELECT version, lease_owner FROM conversations WHERE id = :id")
+        free = "(lease_owner IS NULL OR lease_expires_at < :now)"
+        lock = " FOR UPDATE SKIP LOCKED" if pg else ""
+        self.claim_due = s(
+            f"SELECT id FROM conversations WHERE due_at <= :now AND {free} AND id > :after "
+            f"ORDER BY id LIMIT :lim{lock}"
         )
-        self.dropped = _newest_first(summaries.where(H.c.tier == "bulk"))
+        self.claim_one = s(f"SELECT id FROM conversations WHERE id = :id AND {free}{lock}")
+        self.take_lease = s(
+            "UPDATE conversations SET lease_owner = :owner, lease_expires_at = :until "
+            f"WHERE id = :id AND {free}"
+        )
+        self.renew = s(
+            "UPDATE conversations SET lease_expires_at = :until WHERE id = :id AND lease_owner = :owner"
+        )
+        self.release = s(
+            "UPDATE conversations SET lease_owner = NULL, lease_expires_at = NULL "
+            "WHERE id = :id AND lease_owner = :owner"
+        )
+        self.key_of = s("SELECT key FROM conversations WHERE id = :id")
+        self.delete_messages = s("DELETE FROM messages WHERE conv = :conv")
+        self.delete_summaries = s("DELETE FROM summaries WHERE conv = :conv")
+        self.delete_conversation = s("DELETE FROM conversations WHERE key = :conv")
+        self.stats_conversations = s(f"SELECT {_STATE_COLS} FROM conversations ORDER BY id")
+        self.stats_one = s(f"SELECT {_STATE_COLS} FROM conversations WHERE id = :id")
+        self.stats_messages = s(
+            "SELECT count(*), coalesce(sum(full_tokens), 0), "
+            "coalesce(sum(CASE WHEN seq > :upto THEN tokens ELSE 0 END), 0) FROM messages WHERE conv = :conv"
+        )
+        self.stats_summaries = s(
+            "SELECT kind, count(*), coalesce(sum(CASE WHEN status = 'pending' THEN 1 ELSE 0 END), 0), "
+            "coalesce(sum(CASE WHEN parent_id IS NULL AND dropped_at IS NULL THEN tokens ELSE 0 END), 0), "
+            "coalesce(sum(CASE WHEN dropped_at IS NOT NULL THEN 1 ELSE 0 END), 0), "
+            "coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), coalesce(sum(cost), 0) "
+            "FROM summaries WHERE conv = :conv GROUP BY kind"
+        )
+        self._updates: dict[tuple[Any, ...], str] = {}
+        self._lock = threading.Lock()
+
+    def sql(self, text: str) -> str:
+        """``text`` with ``:name`` parameters in the driver's style (psycopg: ``%(name)s``)."""
+        if self.dialect == "postgresql":
+            return _NAMED.sub(r"%(\1)s", text.replace("%", "%%"))
+        return text
+
+    def summary_update(self, u: SummaryUpdate) -> str:
+        """``UPDATE summaries`` for this set of columns and guards (built once per shape)."""
+        shape = (
+            tuple(sorted(_RENAMED.get(k, k) for k in u.values)),
+            u.expect_status is not None,
+            u.expect_attempts is not None,
+            u.expect_unmerged,
+            u.expect_not_pending,
+            u.expect_undropped,
+            u.ordinal is not None,
+        )
+        with self._lock:
+            found = self._updates.get(shape)
+            if found is None:
+                sets = ", ".join(
+                    f"{c} = {c} + :v_{c}" if c in ADDITIVE else f"{c} = :v_{c}" for c in shape[0]
+                )
+                where = ["kind = 'topic' AND ordinal = :ordinal" if shape[6] else "id = :id", "conv = :conv"]
+                if shape[1]:
+                    where.append("status = :expect_status")
+                if shape[2]:
+                    where.append("attempts = :expect_attempts")
+                if shape[3]:
+                    where.append("parent_id IS NULL")
+                if shape[4]:
+                    where.append("status <> 'pending'")
+                if shape[5]:
+                    where.append("dropped_at IS NULL")
+                found = self._updates[shape] = self.sql(
+                    f"UPDATE summaries SET {sets} WHERE {' AND '.join(where)}"
+                )
+            return found
 
 
-_READ = _ReadStatements()
+class _Rollback(Exception):
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
 
 
 class SQLStore:
-    """Store backed by SQLite or PostgreSQL through SQLAlchemy Core.
+    """Store backed by SQLite or PostgreSQL. Every call is one short transaction."""
 
-    Each operation is one short transaction run on a small thread pool: one hop
-    from the event loop per call, and the driver's fast synchronous path inside.
-    """
+    blocking = True
 
-    def __init__(
-        self, engine: sa.Engine | str, *, encoding: str = "cl100k_base", migrate: bool = True
-    ) -> None:
+    def __init__(self, engine: sa.Engine | str, *, migrate: bool = True) -> None:
         self._owns_engine = isinstance(engine, str)
         self.engine = create_engine(engine) if isinstance(engine, str) else engine
         prepare_engine(self.engine)
         self.caps: Capabilities = capabilities(self.engine)
-        self._encoding = encoding
         self._migrate = migrate
-        workers = 1 if self.caps.single_connection else self.caps.threads
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tiered-history-db")
+        self.q = Statements(self.caps.name)
+        self._sqlite = self.caps.name == "sqlite"
+        #: In-memory SQLite: one shared connection, so callers must take turns (one thread).
+        self.single_connection = self.caps.single_connection
 
-    # -- plumbing -------------------------------------------------------------------------
+    # -- plumbing ------------------------------------------------------------------------------
 
-    async def initialize(self) -> None:
+    def initialize(self) -> None:
         if self._migrate:
             from .migrate import upgrade
 
-            def run() -> None:
-                try:
-                    upgrade(self.engine)
-                except exc.SQLAlchemyError as e:
-                    raise translate(e, "migrating the schema") from None
+            try:
+                upgrade(self.engine)
+            except sa.exc.SQLAlchemyError as e:
+                raise translate(e, "migrating the schema") from None
 
-            await asyncio.get_running_loop().run_in_executor(self._executor, run)
-
-    async def close(self) -> None:
-        self._executor.shutdown(wait=True)
+    def close(self) -> None:
         if self._owns_engine:
             self.engine.dispose()
 
-    async def _tx(self, action: str, fn: Callable[[Connection], T], *, write: bool) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run_tx, action, fn, write)
+    def _tx(self, action: str, fn: Callable[[Any], T], *, write: bool) -> T:
+        """Run ``fn(cursor)`` in one transaction; transient failures are retried where the dialect allows."""
+        return self.caps.retry(lambda: self._once(action, fn, write))
 
-    def _run_tx(self, action: str, fn: Callable[[Connection], T], write: bool) -> T:
-        """Run ``fn`` in one transaction; retry transient failures where the dialect allows."""
-        attempts = len(_RETRY_DELAYS) + 1 if self.caps.retry_transient else 1
-        options = self.caps.write_options if write else self.caps.read_options
-        for attempt in range(attempts):
-            try:
-                with self.engine.connect() as raw:
-                    conn = raw.execution_options(**options) if options else raw
-                    with conn.begin():
-                        return fn(conn)
-            except exc.SQLAlchemyError as e:
-                err = translate(e, action)
-                if attempt + 1 < attempts and isinstance(err, TransientStoreError):
-                    time.sleep(_RETRY_DELAYS[attempt])
-                    continue
-                raise err from None
-        raise AssertionError("unreachable")
+    def _once(self, action: str, fn: Callable[[Any], T], write: bool) -> T:
+        try:
+            with self.engine.connect() as conn:
+                dbapi = conn.connection.dbapi_connection
+                assert dbapi is not None
+                cur = dbapi.cursor()
+                try:
+                    if self._sqlite:
+                        cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                    elif not write:
+                        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    try:
+                        result = fn(cur)
+                    except BaseException:
+                        dbapi.rollback() if not self._sqlite else cur.execute("ROLLBACK")
+                        raise
+                    if self._sqlite:
+                        cur.execute("COMMIT")
+                    else:
+                        dbapi.commit()
+                    return result
+                finally:
+                    cur.close()
+        except (StoreError, LeaseLostError, _Rollback):
+            raise
+        except Exception as e:
+            if isinstance(e, sa.exc.SQLAlchemyError) or _is_driver_error(e):
+                raise translate(e, action) from None
+            raise
 
-    def _locked_state(self, conn: Connection, conversation_id: str) -> ConversationState | None:
-        row = (conn.execute(sa.select(C).where(C.c.id == conversation_id).with_for_update())).one_or_none()
-        return None if row is None else to_state(row)
+    # -- conversions ---------------------------------------------------------------------------
 
-    def _fence(self, conn: Connection, owner: str, conversation_id: str) -> ConversationState:
-        """Check that ``owner`` still holds the lease, locking the conversation row."""
-        state = self._locked_state(conn, conversation_id)
-        if state is None or state.lease_owner != owner:
-            raise LeaseLostError(conversation_id)
-        return state
-
-    # -- writing messages -----------------------------------------------------------------
-
-    async def append(
-        self,
-        conversation_id: str,
-        platform: str | None,
-        prepared: PreparedMessage,
-        policy: BoundaryPolicy,
-        now: datetime,
-    ) -> tuple[StoredMessage, Summary | None]:
-        m = prepared.message
-
-        def run(conn: Connection) -> tuple[StoredMessage, Summary | None]:
-            conn.execute(
-                self.caps.insert(C)
-                .values(
-                    id=conversation_id,
-                    platform=platform,
-                    encoding=self._encoding,
-                    created_at=now,
-                    updated_at=now,
-                )
-                .on_conflict_do_nothing(index_elements=["id"])
-            )
-            state = self._locked_state(conn, conversation_id)
-            assert state is not None
-            open_calls = list(state.open_tool_calls)
-            if m.role == "tool" and m.tool_call_id not in open_calls:
-                raise InvalidMessageError(
-                    f"tool result {m.tool_call_id!r} answers no open tool call in this conversation "
-                    "(add the assistant message with the matching tool_calls first)"
-                )
-            sealed: Summary | None = None
-            topic_start, open_tokens, open_msgs = (
-                state.topic_start_seq,
-                state.open_topic_tokens,
-                state.open_topic_messages,
-            )
-            reason = policy(state.open_topic, prepared)
-            if reason is not None:
-                sealed = self._seal_locked(conn, state, reason, now)
-                after = self._locked_state(conn, conversation_id)
-                assert after is not None
-                topic_start, open_tokens, open_msgs = (
-                    after.topic_start_seq,
-                    after.open_topic_tokens,
-                    after.open_topic_messages,
-                )
-            seq = state.last_sequence + 1
-            row = message_row(conversation_id, platform or state.platform, prepared, seq, now)
-            conn.execute(sa.insert(H).values(**row))
-            if m.tool_calls:
-                open_calls = [str(c["id"]) for c in m.tool_calls]
-            elif m.role == "tool":
-                open_calls.remove(str(m.tool_call_id))
-            elif not m.pinned:
-                # A new turn abandons calls that never got results; a pinned instruction is no turn.
-                open_calls = []
-            # The last sequence a seal may end at: never between a tool call and its results.
-            last_clean: int | None = None
-            if not open_calls:
-                last_clean = seq
-            elif m.tool_calls:
-                last_clean = seq - 1
-            values: dict[str, Any] = {
-                "last_sequence": seq,
-                "last_message_at": m.timestamp
-                if state.last_message_at is None or m.timestamp > state.last_message_at
-                else state.last_message_at,
-                "topic_start_seq": topic_start,
-                "open_topic_tokens": open_tokens + (0 if m.pinned else prepared.token_count),
-                "open_topic_messages": open_msgs + 1,
-                "open_tool_calls": open_calls or None,
-                "pinned_count": state.pinned_count + int(m.pinned),
-                "updated_at": now,
-            }
-            if last_clean is not None:
-                values["last_clean_seq"] = last_clean
-            if platform and not state.platform:
-                values["platform"] = platform
-            conn.execute(sa.update(C).where(C.c.id == conversation_id).values(**values))
-            stored = prepared.stored(conversation_id, seq)
-            return stored, sealed
-
-        return await self._tx("adding a message", run, write=True)
-
-    def _seal_range(
-        self, conn: Connection, state: ConversationState, reason: str, now: datetime, upto: int
-    ) -> Summary | None:
-        """Insert a pending topic covering ``topic_start_seq..upto`` (caller holds the row lock)."""
-        first = state.topic_start_seq
-        if upto < first:
+    def _ts(self, value: datetime | None) -> Any:
+        if value is None:
             return None
-        cid = state.id
-        agg = (
-            conn.execute(
-                sa.select(
-                    func.min(H.c.created_at),
-                    func.max(H.c.created_at),
-                    func.coalesce(
-                        func.sum(sa.case((H.c.pinned == sa.false(), H.c.full_token_count), else_=0)), 0
-                    ),
-                ).where(
-                    H.c.conversation_id == cid,
-                    H.c.tier == "message",
-                    H.c.sequence.between(first, upto),
-                )
-            )
-        ).one()
-        ordinal = (conn.execute(sa.select(C.c.topic_count).where(C.c.id == cid))).scalar_one() + 1
-        values = dict(
+        value = value.astimezone(UTC)
+        if self._sqlite:
+            # The text SQLAlchemy's DateTime writes on SQLite: naive UTC, always with microseconds.
+            return value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+        return value
+
+    @staticmethod
+    def _dt(value: Any) -> datetime | None:
+        if value is None:
+            return None
+        moment: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+    def _state(self, row: Sequence[Any]) -> ConversationState:
+        return ConversationState.from_row(
+            id=row[1],
+            version=int(row[2]),
+            platform=row[3],
+            encoding=row[4],
+            created_at=self._dt(row[5]),
+            updated_at=self._dt(row[6]),
+            lease_owner=row[7],
+            lease_expires_at=self._dt(row[8]),
+            body=row[9],
+        )
+
+    def _message(self, cid: str, r: Sequence[Any]) -> StoredMessage:
+        wire: dict[str, Any] = json.loads(r[8]) if r[8] else {}
+        name = wire.pop("name", None)
+        tool_calls = wire.pop("tool_calls", None)
+        tool_call_id = wire.pop("tool_call_id", None)
+        return StoredMessage(
+            cid,
+            r[0],
+            r[1],
+            r[7],
+            self._dt(r[2]),  # type: ignore[arg-type]
+            r[3],
+            r[4],
+            name,
+            tool_calls,
+            tool_call_id,
+            bool(r[5]),
+            json.loads(r[9]) if r[9] else {},
+            None,
+            wire or None,
+            r[6],
+        )
+
+    def _summary(self, cid: str, r: Sequence[Any]) -> Summary:
+        return Summary(
+            id=int(r[0]),
             conversation_id=cid,
-            platform=state.platform,
-            tier="topic",
-            content="",
-            token_count=0,
-            sequence=ordinal,
-            created_at=now,
-            sealed_at=now,
-            status="pending",
-            sealed_reason=reason,
-            first_sequence=first,
-            last_sequence=upto,
-            started_at=agg[0],
-            ended_at=agg[1],
-            source_tokens=int(agg[2]),
-            stored_at=now,
+            tier="topic" if r[1] == "topic" else "bulk",
+            sequence=r[2],
+            first_sequence=r[3],
+            last_sequence=r[4],
+            content=r[5],
+            rendered=r[6] or "",
+            token_count=r[7],
+            source_tokens=r[8],
+            started_at=self._dt(r[9]),  # type: ignore[arg-type]
+            ended_at=self._dt(r[10]),  # type: ignore[arg-type]
+            status=r[11],
+            sealed_at=self._dt(r[12]),
+            sealed_reason=r[13],
+            summarizer=r[14],
+            model=r[15],
+            prompt_tokens=r[16],
+            completion_tokens=r[17],
+            cost=float(r[18]),
+            latency_ms=float(r[19]),
+            attempts=r[20],
+            merged_into=None if r[21] is None else int(r[21]),
+            dropped_at=self._dt(r[22]),
+            created_at=self._dt(r[23]),
+            next_attempt_at=self._dt(r[24]),
+            last_error=r[25],
+            level=int(r[26]),
         )
-        new_id = (conn.execute(sa.insert(H).values(**values).returning(H.c.id))).scalar_one()
-        conn.execute(
-            sa.update(C)
-            .where(C.c.id == cid)
-            .values(
-                topic_count=ordinal,
-                topic_start_seq=upto + 1,
-                needs_maintenance=True,
-                next_retry_at=None,
-                updated_at=now,
-            )
-        )
-        row = (conn.execute(sa.select(*SUMMARY_COLUMNS).where(H.c.id == new_id))).one()
-        return to_summary(row)
 
-    def _seal_locked(
-        self, conn: Connection, state: ConversationState, reason: str, now: datetime
-    ) -> Summary | None:
-        """Seal up to the last message with no tool call awaiting its result."""
-        last_clean = (conn.execute(sa.select(C.c.last_clean_seq).where(C.c.id == state.id))).scalar_one()
-        upto = state.last_sequence if not state.open_tool_calls else last_clean
-        sealed = self._seal_range(conn, state, reason, now, upto)
-        if sealed is None:
-            return None
-        rest = (
-            conn.execute(
-                sa.select(
-                    func.count(),
-                    func.coalesce(func.sum(sa.case((H.c.pinned == sa.false(), H.c.token_count), else_=0)), 0),
-                ).where(H.c.conversation_id == state.id, H.c.tier == "message", H.c.sequence > upto)
-            )
-        ).one()
-        conn.execute(
-            sa.update(C)
-            .where(C.c.id == state.id)
-            .values(open_topic_messages=int(rest[0]), open_topic_tokens=int(rest[1]))
-        )
-        return sealed
+    # -- reads ---------------------------------------------------------------------------------
 
-    async def seal(self, conversation_id: str, reason: str, now: datetime) -> Summary | None:
-        def run(conn: Connection) -> Summary | None:
-            state = self._locked_state(conn, conversation_id)
-            if state is None:
-                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
-            return self._seal_locked(conn, state, reason, now)
+    def _read_state_row(self, cur: Any, conversation_id: str) -> Sequence[Any] | None:
+        cur.execute(self.q.state, {"id": conversation_id})
+        row: Sequence[Any] | None = cur.fetchone()
+        return row
 
-        return await self._tx("sealing a topic", run, write=True)
+    def read_state(self, conversation_id: str) -> ConversationState | None:
+        def run(cur: Any) -> ConversationState | None:
+            row = self._read_state_row(cur, conversation_id)
+            return None if row is None else self._state(row)
 
-    # -- reading --------------------------------------------------------------------------
+        return self._tx("reading a conversation", run, write=False)
 
-    async def state(self, conversation_id: str) -> ConversationState | None:
-        def run(conn: Connection) -> ConversationState | None:
-            row = (conn.execute(sa.select(C).where(C.c.id == conversation_id))).one_or_none()
-            return None if row is None else to_state(row)
-
-        return await self._tx("reading a conversation", run, write=False)
-
-    def _page_newest(
-        self,
-        conn: Connection,
-        query: sa.Select[Any],
-        params: dict[str, Any],
-        token_cap: int,
-        tool_units: bool,
-        *,
-        hi: int = _NO_BOUND,
-    ) -> list[Any]:
-        """Read rows newest-first (``sequence <= hi``) in pages until ``token_cap`` tokens are in hand.
-
-        ``query`` is one of the prebuilt :class:`_ReadStatements`: it takes ``hi`` and ``lim`` binds.
-        """
-        out: list[Any] = []
+    def _page(
+        self, cur: Any, sql: str, params: dict[str, Any], hi: int, cap: int, tool_units: bool
+    ) -> list[Sequence[Any]]:
+        """Rows newest first (``... <= :hi``), in pages, until ``cap`` tokens are in hand."""
+        out: list[Sequence[Any]] = []
         tokens = 0
         page = _FIRST_PAGE
         while True:
-            rows = conn.execute(query, {**params, "hi": hi, "lim": page}).all()
+            cur.execute(sql, {**params, "hi": hi, "lim": page})
+            rows = cur.fetchall()
             out.extend(rows)
-            tokens += sum(r.token_count for r in rows)
+            tokens += sum(r[3] if tool_units else r[7] for r in rows)
             if len(rows) < page:
                 break
             # Keep reading past the cap only to complete a tool call with its results.
-            if tokens >= token_cap and not (tool_units and rows[-1].role == "tool"):
+            if tokens >= cap and not (tool_units and rows[-1][1] == "tool"):
                 break
-            hi = rows[-1].sequence - 1
-            # Size the next page from the rows seen so far, so the read overshoots the cap little.
+            hi = rows[-1][0 if tool_units else 2] - 1
             per_row = max(tokens // len(out), 1)
-            want = (max(token_cap - tokens, 0) // per_row) + 1 + (len(out) // 8)
+            want = (max(cap - tokens, 0) // per_row) + 1 + (len(out) // 8)
             page = min(max(want, _FIRST_PAGE), _MAX_PAGE)
-        out.reverse()
         return out
 
-    async def read_context(
-        self, conversation_id: str, token_cap: int, covered_budget: CoveredBudget | None = None
-    ) -> ContextRows:
-        q = _READ
-        cid = {"cid": conversation_id}
+    def read_context(
+        self, conversation_id: str, request: ContextRequest, expect_version: int | None = None
+    ) -> Snapshot | None:
+        q = self.q
 
-        def run(conn: Connection) -> ContextRows:
-            row = conn.execute(q.state, cid).one_or_none()
+        def run(cur: Any) -> Snapshot | None:
+            row = self._read_state_row(cur, conversation_id)
             if row is None:
-                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
-            state = to_state(row)
+                return None
+            state = self._state(row)
+            if expect_version is not None and state.version != expect_version:
+                return None
+            conv = row[0]
             pinned: list[StoredMessage] = []
-            if state.pinned_count:
-                pinned = [to_message(r) for r in conn.execute(q.pinned, cid).all()]
-            above = {**cid, "lo": state.summarized_upto}
-            read = self._page_newest(conn, q.unpinned, above, token_cap, tool_units=True)
-            verbatim = newest_window([to_message(r) for r in read], token_cap)
-            if not verbatim and state.last_sequence > 0:
-                # Everything is summarised: still send the newest message, with its tool call if any.
-                tail = self._page_newest(conn, q.unpinned, {**cid, "lo": 0}, 1, tool_units=True)
-                verbatim = newest_unit([to_message(r) for r in tail])
-            topic_rows = self._page_newest(
-                conn, q.topics, {**cid, "lo": row.topics_merged_upto}, token_cap, tool_units=False
-            )
-            archive_rows = self._page_newest(
-                conn, q.archives, {**cid, "lo": row.archives_dropped_upto}, token_cap, tool_units=False
-            )
-            rows = ContextRows(
-                state=state,
-                pinned=pinned,
-                verbatim=verbatim,
-                topics=[to_summary(r) for r in topic_rows],
-                archives=[to_summary(r) for r in archive_rows],
-            )
-            # Dropped archives and summarised messages are read only as far as spare room could
-            # use them (asked in this same snapshot).
-            want_dropped, want_covered = covered_budget(rows) if covered_budget else (0, 0)
-            revived = False
-            if want_dropped > 0 and row.archives_dropped_upto:
-                dropped_rows = self._page_newest(
-                    conn, q.dropped, cid, want_dropped, tool_units=False, hi=row.archives_dropped_upto
+            seqs = list(state.pinned_sequences)
+            if seqs:
+                cur.execute(q.pinned, {"conv": conv, "seqs": seqs if not self._sqlite else json.dumps(seqs)})
+                pinned = sorted((self._message(conversation_id, r) for r in cur.fetchall()), key=_seq)
+            windows = []
+            for w in request.windows:
+                rows = self._page(
+                    cur, q.window, {"conv": conv, "lo": w.lo, "false": False}, w.hi, w.token_cap, True
                 )
-                rows = replace(
-                    rows, dropped=newest_summaries([to_summary(r) for r in dropped_rows], want_dropped)
+                msgs = [self._message(conversation_id, r) for r in reversed(rows)]
+                windows.append(newest_window(msgs, w.token_cap))
+            summaries = []
+            for sw in request.summaries:
+                summaries.append(self._summary_window(cur, conv, conversation_id, sw))
+            by_id: list[Summary] = []
+            if request.summary_ids:
+                ids = list(request.summary_ids)
+                cur.execute(
+                    q.summaries_by_id, {"conv": conv, "seqs": ids if not self._sqlite else json.dumps(ids)}
                 )
-                revived = bool(rows.dropped)
-            if revived and covered_budget:
-                _, want_covered = covered_budget(rows)  # revived archives take room first
-            if want_covered > 0:
-                below = min([state.summarized_upto + 1, *(m.sequence for m in verbatim)])
-                read = self._page_newest(
-                    conn, q.unpinned, {**cid, "lo": 0}, want_covered, tool_units=True, hi=below - 1
-                )
-                rows = replace(rows, covered=newest_window([to_message(r) for r in read], want_covered))
-            return rows
+                by_id = [self._summary(conversation_id, r) for r in cur.fetchall()]
+            return Snapshot(state, pinned, windows, summaries, by_id)
 
-        return await self._tx("reading the context", run, write=False)
+        return self._tx("reading the context", run, write=False)
 
-    async def history(self, conversation_id: str) -> History:
-        def run(conn: Connection) -> History:
-            row = (conn.execute(sa.select(C).where(C.c.id == conversation_id))).one_or_none()
-            if row is None:
-                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
-            mine = H.c.conversation_id == conversation_id
-            messages = conn.execute(
-                sa.select(*MESSAGE_COLUMNS).where(mine, H.c.tier == "message").order_by(H.c.sequence)
-            ).all()
-            summaries = conn.execute(
-                sa.select(*SUMMARY_COLUMNS)
-                .where(mine, H.c.tier != "message")
-                .order_by(H.c.tier, H.c.sequence)
-            ).all()
-            return History(
-                conversation_id=conversation_id,
-                platform=row.platform,
-                messages=[to_message(r) for r in messages],
-                topics=[to_summary(r) for r in summaries if r.tier == "topic"],
-                archives=[to_summary(r) for r in summaries if r.tier == "bulk"],
-                open_topic_start=row.topic_start_seq,
-            )
+    def _summary_window(self, cur: Any, conv: int, cid: str, sw: SummaryWindow) -> list[Summary]:
+        sql = self.q.summaries_dropped if sw.upto is not None else self.q.summaries_live
+        hi = sw.upto if sw.upto is not None else 2**31 - 1
+        rows = self._page(
+            cur, sql, {"conv": conv, "kind": sw.kind, "after": sw.after}, hi, sw.token_cap, False
+        )
+        return newest_summaries([self._summary(cid, r) for r in reversed(rows)], sw.token_cap)
 
-        return await self._tx("reading the history", run, write=False)
+    def _key(self, cur: Any, conversation_id: str) -> int | None:
+        cur.execute(self.q.key_of, {"id": conversation_id})
+        row = cur.fetchone()
+        return None if row is None else int(row[0])
 
-    async def search(self, conversation_id: str, text: str, limit: int) -> list[StoredMessage]:
-        def run(conn: Connection) -> list[StoredMessage]:
-            q = (
-                sa.select(*MESSAGE_COLUMNS)
-                .where(
-                    H.c.conversation_id == conversation_id,
-                    H.c.tier == "message",
-                    func.lower(H.c.content).contains(text.lower(), autoescape=True),
-                )
-                .order_by(H.c.sequence.desc())
-                .limit(limit)
-            )
-            return [to_message(r) for r in (conn.execute(q)).all()]
-
-        return await self._tx("searching messages", run, write=False)
-
-    async def conversation_ids(self) -> list[str]:
-        def run(conn: Connection) -> list[str]:
-            return list((conn.execute(sa.select(C.c.id).order_by(C.c.id))).scalars())
-
-        return await self._tx("listing conversations", run, write=False)
-
-    # -- background work ------------------------------------------------------------------
-
-    async def claim(
-        self,
-        owner: str,
-        now: datetime,
-        lease_seconds: float,
-        silence_before: datetime | None,
-        conversation_id: str | None,
-        limit: int,
-        min_tokens: int = 0,
-        after: str | None = None,
-    ) -> list[ConversationState]:
-        def run(conn: Connection) -> list[ConversationState]:
-            free = sa.or_(C.c.lease_owner.is_(None), C.c.lease_expires_at < now)
-            q = sa.select(C.c.id).where(free)
-            if after is not None:
-                q = q.where(C.c.id > after)
-            if conversation_id is not None:
-                q = q.where(C.c.id == conversation_id)
-            else:
-                due = sa.and_(
-                    C.c.needs_maintenance == sa.true(),
-                    sa.or_(C.c.next_retry_at.is_(None), C.c.next_retry_at <= now),
-                )
-                if silence_before is not None:
-                    due = sa.or_(
-                        due,
-                        sa.and_(
-                            C.c.open_topic_messages > 0,
-                            C.c.open_topic_tokens >= min_tokens,
-                            C.c.last_message_at < silence_before,
-                        ),
-                    )
-                q = q.where(due)
-            q = q.order_by(C.c.id).limit(limit)
-            if self.caps.skip_locked:
-                q = q.with_for_update(skip_locked=True)
-            ids = list((conn.execute(q)).scalars())
-            if not ids:
+    def read_messages(self, conversation_id: str, first: int, last: int) -> list[StoredMessage]:
+        def run(cur: Any) -> list[StoredMessage]:
+            conv = self._key(cur, conversation_id)
+            if conv is None:
                 return []
-            conn.execute(
-                sa.update(C)
-                .where(C.c.id.in_(ids), free)
-                .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds))
-            )
-            leased = sa.select(C).where(C.c.id.in_(ids), C.c.lease_owner == owner).order_by(C.c.id)
-            rows = conn.execute(leased).all()
-            return [to_state(r) for r in rows]
+            cur.execute(self.q.range, {"conv": conv, "lo": first, "hi": last})
+            return [self._message(conversation_id, r) for r in cur.fetchall()]
 
-        return await self._tx("claiming maintenance work", run, write=True)
+        return self._tx("reading messages", run, write=False)
 
-    async def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:
-        def run(conn: Connection) -> bool:
-            res = conn.execute(
-                sa.update(C)
-                .where(C.c.id == conversation_id, C.c.lease_owner == owner)
-                .values(lease_expires_at=until)
-            )
-            return bool(res.rowcount)
+    def read_summaries(self, conversation_id: str, kind: str, after: int = 0) -> list[Summary]:
+        def run(cur: Any) -> list[Summary]:
+            conv = self._key(cur, conversation_id)
+            if conv is None:
+                return []
+            cur.execute(self.q.summaries_all, {"conv": conv, "kind": kind, "after": after})
+            return [self._summary(conversation_id, r) for r in cur.fetchall()]
 
-        return await self._tx("renewing a lease", run, write=True)
+        return self._tx("reading summaries", run, write=False)
 
-    async def release(
-        self, owner: str, conversation_id: str, needs_maintenance: bool, next_retry_at: datetime | None
-    ) -> None:
-        def run(conn: Connection) -> None:
-            state = self._locked_state(conn, conversation_id)
-            if state is None or state.lease_owner != owner:
-                return
-            merged_upto = (
-                conn.execute(sa.select(C.c.topics_merged_upto).where(C.c.id == conversation_id))
-            ).scalar_one()
-            # A topic sealed while we worked keeps the flag set, whatever this pass concluded.
-            pending = (
-                conn.execute(
-                    sa.select(func.count()).where(
-                        H.c.conversation_id == conversation_id,
-                        H.c.tier == "topic",
-                        H.c.sequence > merged_upto,
-                        H.c.status == "pending",
-                    )
-                )
-            ).scalar_one()
-            conn.execute(
-                sa.update(C)
-                .where(C.c.id == conversation_id)
-                .values(
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    needs_maintenance=bool(pending) or needs_maintenance,
-                    next_retry_at=None if pending else next_retry_at,
-                )
-            )
+    def search(self, conversation_id: str, query: Query, limit: int, kind: str = "message") -> list[Hit]:
+        if query.empty:
+            return []
+        cid = conversation_id
 
-        await self._tx("releasing a lease", run, write=True)
+        def run(cur: Any) -> list[Hit]:
+            row = self._read_state_row(cur, cid)
+            if row is None:
+                return []
+            conv = int(row[0])
+            if query.literal is not None:
+                text = query.literal.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                cur.execute(self.q.search_literal, {"conv": conv, "pattern": f"%{text}%", "lim": limit})
+                return [Hit(1.0, message=self._message(cid, r)) for r in cur.fetchall()]
+            # One query per weight class; a document's score is the weighted sum over them.
+            classes: dict[float, list[tuple[str, ...]]] = {}
+            for i, group in enumerate(query.groups):
+                classes.setdefault(query.weight(i), []).append(group)
+            scores: dict[int, float] = {}
+            found: dict[int, Hit] = {}
+            for weight, groups in classes.items():
+                for key, hit in self._search_class(cur, conv, cid, row, groups, limit, kind):
+                    scores[key] = scores.get(key, 0.0) + weight * hit.score
+                    found.setdefault(key, hit)
+            ordered = sorted(found, key=lambda k: (-scores[k], -_recency(found[k])))
+            return [_rescored(found[k], scores[k]) for k in ordered[:limit]]
 
-    async def seal_if_silent(
-        self, owner: str, conversation_id: str, silence_before: datetime, now: datetime, min_tokens: int = 0
-    ) -> Summary | None:
-        def run(conn: Connection) -> Summary | None:
-            state = self._fence(conn, owner, conversation_id)
-            if state.open_topic_messages == 0 or state.last_message_at is None:
-                return None
-            if state.open_topic_tokens < min_tokens:
-                return None
-            if state.last_message_at >= silence_before:
-                return None
-            return self._seal_locked(conn, state, "silence", now)
+        return self._tx("searching", run, write=False)
 
-        return await self._tx("sealing a silent topic", run, write=True)
-
-    async def topics_to_summarize(
-        self, conversation_id: str, now: datetime, max_attempts: int
-    ) -> list[Summary]:
-        def run(conn: Connection) -> list[Summary]:
-            merged_upto = (
-                conn.execute(sa.select(C.c.topics_merged_upto).where(C.c.id == conversation_id))
-            ).scalar_one()
-            q = (
-                sa.select(*SUMMARY_COLUMNS)
-                .where(
-                    H.c.conversation_id == conversation_id,
-                    H.c.tier == "topic",
-                    H.c.sequence > merged_upto,
-                    H.c.merged_into.is_(None),
-                    sa.or_(
-                        H.c.status == "pending",
-                        sa.and_(
-                            H.c.status == "provisional",
-                            H.c.attempts < max_attempts,
-                            sa.or_(H.c.next_attempt_at.is_(None), H.c.next_attempt_at <= now),
-                        ),
-                    ),
-                )
-                .order_by(H.c.sequence)
-            )
-            return [to_summary(r) for r in (conn.execute(q)).all()]
-
-        return await self._tx("listing topics to summarise", run, write=False)
-
-    async def next_retry(self, conversation_id: str, max_attempts: int) -> datetime | None:
-        def run(conn: Connection) -> datetime | None:
-            value: datetime | None = (
-                conn.execute(
-                    sa.select(func.min(H.c.next_attempt_at)).where(
-                        H.c.conversation_id == conversation_id,
-                        H.c.tier == "topic",
-                        H.c.status == "provisional",
-                        H.c.merged_into.is_(None),
-                        H.c.attempts < max_attempts,
-                    )
-                )
-            ).scalar_one()
-            return value
-
-        return await self._tx("reading retry times", run, write=False)
-
-    async def topic_messages(self, conversation_id: str, first: int, last: int) -> list[StoredMessage]:
-        def run(conn: Connection) -> list[StoredMessage]:
-            q = (
-                sa.select(*MESSAGE_COLUMNS)
-                .where(
-                    H.c.conversation_id == conversation_id,
-                    H.c.tier == "message",
-                    H.c.sequence.between(first, last),
-                    H.c.pinned == sa.false(),
-                )
-                .order_by(H.c.sequence)
-            )
-            return [to_message(r) for r in (conn.execute(q)).all()]
-
-        return await self._tx("reading a topic", run, write=False)
-
-    async def save_topic_summary(
-        self, owner: str, topic: Summary, write: SummaryWrite, now: datetime
-    ) -> bool:
-        def run(conn: Connection) -> bool:
-            self._fence(conn, owner, topic.conversation_id)
-            res = conn.execute(
-                sa.update(H)
-                .where(
-                    H.c.id == topic.id,
-                    H.c.status == topic.status,
-                    H.c.attempts == topic.attempts,
-                    H.c.merged_into.is_(None),
-                )
-                .values(
-                    content=write.content,
-                    rendered=write.rendered,
-                    token_count=write.token_count,
-                    status=write.status,
-                    summarizer=write.summarizer,
-                    model=write.model,
-                    prompt_tokens=H.c.prompt_tokens + write.prompt_tokens,
-                    completion_tokens=H.c.completion_tokens + write.completion_tokens,
-                    cost=H.c.cost + write.cost,
-                    latency_ms=write.latency_ms,
-                    attempts=H.c.attempts + 1,
-                    next_attempt_at=write.next_attempt_at,
-                    last_error=write.last_error,
-                )
-            )
-            if res.rowcount != 1:
-                return False
-            values: dict[str, Any] = {
-                # Advance only over a contiguous prefix, so no range is ever skipped.
-                "summarized_upto": sa.case(
-                    (C.c.summarized_upto == topic.first_sequence - 1, topic.last_sequence),
-                    else_=C.c.summarized_upto,
-                ),
-                "updated_at": now,
-            }
-            if topic.status == "pending":
-                values["compressions"] = C.c.compressions + 1
-            conn.execute(sa.update(C).where(C.c.id == topic.conversation_id).values(**values))
-            return True
-
-        return await self._tx("saving a topic summary", run, write=True)
-
-    async def active_summaries(self, conversation_id: str, tier: str) -> list[Summary]:
-        def run(conn: Connection) -> list[Summary]:
-            row = (
-                conn.execute(
-                    sa.select(C.c.topics_merged_upto, C.c.archives_dropped_upto).where(
-                        C.c.id == conversation_id
-                    )
-                )
-            ).one()
-            if tier == "topic":
-                cond = sa.and_(
-                    H.c.sequence > row.topics_merged_upto, H.c.merged_into.is_(None), H.c.status != "pending"
-                )
+    def _search_class(
+        self,
+        cur: Any,
+        conv: int,
+        cid: str,
+        row: Sequence[Any],
+        groups: list[tuple[str, ...]],
+        limit: int,
+        kind: str,
+    ) -> list[tuple[int, Hit]]:
+        q = self.q
+        summary = kind != "message"
+        sql = q.search_summaries if summary else q.search_messages
+        if self._sqlite:
+            text = " OR ".join('"' + " ".join(g) + '"' for g in groups)
+            params: dict[str, Any] = {"q": f'conv : "{conv}" AND content : ({text})', "lim": limit}
+        else:
+            # Indexed words carry a "w" prefix (see migration 0002): so do the query's.
+            tsq = " | ".join("(" + " <-> ".join(f"'w{w}'" for w in g) + ")" for g in groups)
+            terms = sorted({f"w{w}" for g in groups for w in g})
+            if summary:
+                cur.execute(q.summary_stats, {"conv": conv})
+                n, avg = cur.fetchone()
             else:
-                cond = sa.and_(H.c.sequence > row.archives_dropped_upto, H.c.dropped_at.is_(None))
-            q = (
-                sa.select(*SUMMARY_COLUMNS)
-                .where(H.c.conversation_id == conversation_id, H.c.tier == tier, cond)
-                .order_by(H.c.sequence)
-            )
-            return [to_summary(r) for r in (conn.execute(q)).all()]
+                body = json.loads(row[9])
+                n, avg = body["last"], body.get("words", 0) / max(body["last"], 1)
+            params = {
+                "conv": conv,
+                "tsq": tsq,
+                "terms": terms,
+                "n": max(int(n), 1),
+                "avg": max(float(avg), 1.0),
+            }
+            params["lim"] = limit
+        cur.execute(sql, params)
+        out = []
+        for r in cur.fetchall():
+            if summary:
+                x = self._summary(cid, r[:-1])
+                out.append((x.id, Hit(float(r[-1]), summary=x)))
+            else:
+                m = self._message(cid, r[:-1])
+                out.append((m.sequence, Hit(float(r[-1]), message=m)))
+        return out
 
-        return await self._tx("reading summaries", run, write=False)
+    def conversation_ids(self) -> list[str]:
+        def run(cur: Any) -> list[str]:
+            cur.execute(self.q.ids)
+            return [r[0] for r in cur.fetchall()]
 
-    async def save_archive(
-        self, owner: str, conversation_id: str, topics: Sequence[Summary], write: SummaryWrite, now: datetime
-    ) -> Summary | None:
-        class _Conflict(Exception):
-            pass
+        return self._tx("listing conversations", run, write=False)
 
-        def run(conn: Connection) -> Summary:
-            self._fence(conn, owner, conversation_id)
-            counts = (
-                conn.execute(sa.select(C.c.bulk_count, C.c.platform).where(C.c.id == conversation_id))
-            ).one()
-            ordinal = counts.bulk_count + 1
-            new_id = (
-                conn.execute(
-                    sa.insert(H)
-                    .values(
-                        conversation_id=conversation_id,
-                        platform=counts.platform,
-                        tier="bulk",
-                        content=write.content,
-                        rendered=write.rendered,
-                        token_count=write.token_count,
-                        sequence=ordinal,
-                        created_at=now,
-                        sealed_at=now,
-                        status=write.status,
-                        first_sequence=topics[0].first_sequence,
-                        last_sequence=topics[-1].last_sequence,
-                        started_at=min(t.started_at for t in topics),
-                        ended_at=max(t.ended_at for t in topics),
-                        source_tokens=sum(t.source_tokens for t in topics),
-                        summarizer=write.summarizer,
-                        model=write.model,
-                        prompt_tokens=write.prompt_tokens,
-                        completion_tokens=write.completion_tokens,
-                        cost=write.cost,
-                        latency_ms=write.latency_ms,
-                        attempts=1,
-                        stored_at=now,
-                    )
-                    .returning(H.c.id)
-                )
-            ).scalar_one()
-            res = conn.execute(
-                sa.update(H)
-                .where(H.c.id.in_([t.id for t in topics]), H.c.merged_into.is_(None), H.c.status != "pending")
-                .values(merged_into=new_id)
-            )
-            if res.rowcount != len(topics):
-                raise _Conflict
-            conn.execute(
-                sa.update(C)
-                .where(C.c.id == conversation_id)
-                .values(
-                    bulk_count=ordinal,
-                    topics_merged_upto=max(t.sequence for t in topics),
-                    compressions=C.c.compressions + 1,
-                    updated_at=now,
-                )
-            )
-            return to_summary((conn.execute(sa.select(*SUMMARY_COLUMNS).where(H.c.id == new_id))).one())
+    def list_conversations(
+        self, platform: str | None, after: str | None, limit: int
+    ) -> list[ConversationState]:
+        def run(cur: Any) -> list[ConversationState]:
+            params = {"after": after or "", "lim": limit, "platform": platform}
+            cur.execute(self.q.listing if platform is None else self.q.listing_platform, params)
+            return [self._state(r) for r in cur.fetchall()]
 
-        try:
-            return await self._tx("saving an archive", run, write=True)
-        except _Conflict:
-            return None
+        return self._tx("listing conversations", run, write=False)
 
-    async def drop_archives(self, owner: str, conversation_id: str, ids: Sequence[int], now: datetime) -> int:
-        def run(conn: Connection) -> int:
-            self._fence(conn, owner, conversation_id)
-            res = conn.execute(
-                sa.update(H).where(H.c.id.in_(list(ids)), H.c.dropped_at.is_(None)).values(dropped_at=now)
-            )
-            top = (conn.execute(sa.select(func.max(H.c.sequence)).where(H.c.id.in_(list(ids))))).scalar_one()
-            conn.execute(sa.update(C).where(C.c.id == conversation_id).values(archives_dropped_upto=top))
-            return int(res.rowcount)
+    def stats(self, conversation_id: str | None) -> list[ConversationStats]:
+        q = self.q
 
-        return await self._tx("dropping archives", run, write=True)
-
-    async def stats(self, conversation_id: str | None) -> list[ConversationStats]:
-        def run(conn: Connection) -> list[ConversationStats]:
-            cq = sa.select(C)
-            if conversation_id is not None:
-                cq = cq.where(C.c.id == conversation_id)
-            convs = (conn.execute(cq.order_by(C.c.id))).all()
-            if conversation_id is not None and not convs:
-                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
-            aq = sa.select(
-                H.c.conversation_id,
-                H.c.tier,
-                func.count(),
-                func.coalesce(func.sum(H.c.full_token_count), 0),
-                func.coalesce(func.sum(sa.case((H.c.status == "pending", 1), else_=0)), 0),
-                func.coalesce(
-                    func.sum(
-                        sa.case(
-                            (sa.and_(H.c.merged_into.is_(None), H.c.dropped_at.is_(None)), H.c.token_count),
-                            else_=0,
-                        )
-                    ),
-                    0,
-                ),
-                func.coalesce(func.sum(sa.case((H.c.dropped_at.is_not(None), 1), else_=0)), 0),
-                func.coalesce(func.sum(H.c.prompt_tokens), 0),
-                func.coalesce(func.sum(H.c.completion_tokens), 0),
-                func.coalesce(func.sum(H.c.cost), 0.0),
-            ).group_by(H.c.conversation_id, H.c.tier)
-            if conversation_id is not None:
-                aq = aq.where(H.c.conversation_id == conversation_id)
-            agg: dict[tuple[str, str], Any] = {(r[0], r[1]): r for r in (conn.execute(aq)).all()}
+        def run(cur: Any) -> list[ConversationStats]:
+            if conversation_id is None:
+                cur.execute(q.stats_conversations)
+            else:
+                cur.execute(q.stats_one, {"id": conversation_id})
             out = []
-            for c in convs:
-                msg = agg.get((c.id, "message"))
-                top = agg.get((c.id, "topic"))
-                blk = agg.get((c.id, "bulk"))
-                uncovered = (
-                    conn.execute(
-                        sa.select(func.coalesce(func.sum(H.c.token_count), 0)).where(
-                            H.c.conversation_id == c.id,
-                            H.c.tier == "message",
-                            H.c.sequence > c.summarized_upto,
-                        )
-                    )
-                ).scalar_one()
+            for row in cur.fetchall():
+                state = self._state(row)
+                cur.execute(q.stats_messages, {"conv": row[0], "upto": state.summarized_upto})
+                n, full, current = cur.fetchone()
+                cur.execute(q.stats_summaries, {"conv": row[0]})
+                agg = {r[0]: r for r in cur.fetchall()}
+                top, arc = agg.get("topic"), agg.get("bulk")
                 out.append(
                     ConversationStats(
-                        conversation_id=c.id,
-                        platform=c.platform,
-                        messages=int(msg[2]) if msg else 0,
-                        message_tokens=int(msg[3]) if msg else 0,
-                        topics=int(top[2]) if top else 0,
-                        topics_pending=int(top[4]) if top else 0,
-                        archives=int(blk[2]) if blk else 0,
-                        archives_dropped=int(blk[6]) if blk else 0,
+                        conversation_id=state.id,
+                        platform=state.platform,
+                        messages=int(n),
+                        message_tokens=int(full),
+                        topics=int(top[1]) if top else 0,
+                        topics_pending=int(top[2]) if top else 0,
+                        archives=int(arc[1]) if arc else 0,
+                        archives_dropped=int(arc[4]) if arc else 0,
                         tier_tokens={
-                            "current": int(uncovered),
-                            "topic": int(top[5]) if top else 0,
-                            "bulk": int(blk[5]) if blk else 0,
+                            "current": int(current),
+                            "topic": int(top[3]) if top else 0,
+                            "bulk": int(arc[3]) if arc else 0,
                         },
-                        compressions=c.compressions,
-                        summarizer_prompt_tokens=sum(int(r[7]) for r in (top, blk) if r),
-                        summarizer_completion_tokens=sum(int(r[8]) for r in (top, blk) if r),
-                        summarizer_cost=float(sum(float(r[9]) for r in (top, blk) if r)),
+                        compressions=state.compressions,
+                        summarizer_prompt_tokens=sum(int(r[5]) for r in (top, arc) if r),
+                        summarizer_completion_tokens=sum(int(r[6]) for r in (top, arc) if r),
+                        summarizer_cost=float(sum(float(r[7]) for r in (top, arc) if r)),
                     )
                 )
             return out
 
-        return await self._tx("computing statistics", run, write=False)
+        return self._tx("computing statistics", run, write=False)
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def _write(self, cur: Any, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
+        """Apply ``writes`` inside the open transaction, or raise :class:`_Rollback`."""
+        q = self.q
+        st = writes.state
+        params = {
+            "id": conversation_id,
+            "version": st.version,
+            "platform": st.platform,
+            "encoding": st.encoding,
+            "created_at": self._ts(st.created_at),
+            "updated_at": self._ts(st.updated_at),
+            "due_at": self._ts(st.due_at),
+            "state": st.body(),
+        }
+        if writes.create:
+            if guard.version is not None:
+                raise _Rollback(Outcome.VERSION_CONFLICT)
+            cur.execute(q.insert_conversation, params)
+            conv = int(cur.fetchone()[0])
+        else:
+            cur.execute(q.update_conversation, {**params, "expect": guard.version})
+            row = cur.fetchone()
+            if row is None:
+                self._classify_miss(cur, conversation_id, guard)
+                raise _Rollback(Outcome.VERSION_CONFLICT)
+            conv = int(row[0])
+            if guard.lease_owner is not None and row[1] != guard.lease_owner:
+                raise LeaseLostError(conversation_id)
+        if writes.messages:
+            cur.executemany(q.insert_message, [self._message_params(conv, m) for m in writes.messages])
+        ids: list[int] = []
+        for s in writes.summaries:
+            cur.execute(q.insert_summary, self._summary_params(conv, s, ids))
+            ids.append(int(cur.fetchone()[0]))
+        for u in writes.updates:
+            cur.execute(q.summary_update(u), self._update_params(conv, u, ids))
+            if cur.rowcount != 1 and u.required:
+                raise _Rollback(Outcome.ROW_CONFLICT)
+        return Committed(Outcome.COMMITTED, tuple(ids), writes)
+
+    def _saving(self, run: Callable[[Any], Committed]) -> Committed:
+        try:
+            return self._tx("saving", run, write=True)
+        except _Rollback as r:
+            return Committed(r.outcome)
+        except StoreError as e:
+            if is_integrity_error(e):  # a concurrent writer created the row or took the sequence
+                return Committed(Outcome.VERSION_CONFLICT)
+            raise
+
+    def commit(self, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
+        return self._saving(lambda cur: self._write(cur, conversation_id, guard, writes))
+
+    def update(
+        self,
+        conversation_id: str,
+        plan: Callable[[ConversationState | None], Writes | None],
+        lease_owner: str | None = None,
+    ) -> Committed:
+        def run(cur: Any) -> Committed:
+            cur.execute(self.q.state_locked, {"id": conversation_id})
+            row = cur.fetchone()
+            state = None if row is None else self._state(row)
+            if lease_owner is not None and (state is None or state.lease_owner != lease_owner):
+                raise LeaseLostError(conversation_id)
+            writes = plan(state)
+            if writes is None:
+                return Committed(Outcome.COMMITTED)
+            return self._write(
+                cur, conversation_id, Guard(None if state is None else state.version, lease_owner), writes
+            )
+
+        return self._saving(run)
+
+    def _classify_miss(self, cur: Any, conversation_id: str, guard: Guard) -> None:
+        """The conditional update matched nothing: a lease lost is an error, a new version a retry."""
+        if guard.lease_owner is None:
+            return
+        cur.execute(self.q.lease_of, {"id": conversation_id})
+        row = cur.fetchone()
+        if row is None or row[1] != guard.lease_owner:
+            raise LeaseLostError(conversation_id)
+
+    def _message_params(self, conv: int, m: NewMessage) -> dict[str, Any]:
+        return {
+            "conv": conv,
+            "seq": m.sequence,
+            "role": m.role,
+            "created_at": self._ts(m.timestamp),
+            "tokens": m.token_count,
+            "full_tokens": m.full_token_count,
+            "pinned": m.pinned,
+            "pin_key": m.pin_key,
+            "content": m.content,
+            "wire": _json(m.wire),
+            "meta": _json(m.metadata),
+        }
+
+    def _summary_params(self, conv: int, s: NewSummary, ids: Sequence[int]) -> dict[str, Any]:
+        parent = ids[s.parent.index] if isinstance(s.parent, NewRef) else s.parent
+        return {
+            "parent_id": parent,
+            "dropped_at": self._ts(s.dropped_at),
+            "conv": conv,
+            "kind": s.kind,
+            "level": s.level,
+            "ordinal": s.ordinal,
+            "first_seq": s.first_sequence,
+            "last_seq": s.last_sequence,
+            "started_at": self._ts(s.started_at),
+            "ended_at": self._ts(s.ended_at),
+            "status": s.status,
+            "sealed_at": self._ts(s.sealed_at),
+            "sealed_reason": s.sealed_reason,
+            "content": s.content,
+            "rendered": s.rendered,
+            "tokens": s.token_count,
+            "source_tokens": s.source_tokens,
+            "summarizer": s.summarizer,
+            "model": s.model,
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "cost": s.cost,
+            "latency_ms": s.latency_ms,
+            "attempts": s.attempts,
+            "next_attempt_at": self._ts(s.next_attempt_at),
+            "last_error": s.last_error,
+            "created_at": self._ts(s.created_at),
+        }
+
+    def _update_params(self, conv: int, u: SummaryUpdate, ids: Sequence[int]) -> dict[str, Any]:
+        params: dict[str, Any] = {"id": u.id, "conv": conv, "ordinal": u.ordinal}
+        for key, value in u.values.items():
+            if isinstance(value, NewRef):
+                value = ids[value.index]
+            elif isinstance(value, datetime):
+                value = self._ts(value)
+            params[f"v_{_RENAMED.get(key, key)}"] = value
+        if u.expect_status is not None:
+            params["expect_status"] = u.expect_status
+        if u.expect_attempts is not None:
+            params["expect_attempts"] = u.expect_attempts
+        return params
+
+    def delete(self, conversation_id: str) -> bool:
+        q = self.q
+
+        def run(cur: Any) -> bool:
+            conv = self._key(cur, conversation_id)
+            if conv is None:
+                return False
+            for sql in (q.delete_messages, q.delete_summaries, q.delete_conversation):
+                cur.execute(sql, {"conv": conv})
+            return True
+
+        return self._tx("deleting a conversation", run, write=True)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    def claim(
+        self,
+        owner: str,
+        now: datetime,
+        lease_seconds: float,
+        limit: int,
+        after: str | None = None,
+        conversation_id: str | None = None,
+    ) -> list[str]:
+        q = self.q
+        at = self._ts(now)
+        until = self._ts(now + timedelta(seconds=lease_seconds))
+
+        def run(cur: Any) -> list[str]:
+            if conversation_id is not None:
+                cur.execute(q.claim_one, {"id": conversation_id, "now": at})
+            else:
+                cur.execute(q.claim_due, {"now": at, "after": after or "", "lim": limit})
+            ids = [r[0] for r in cur.fetchall()]
+            taken = []
+            for cid in ids:
+                cur.execute(q.take_lease, {"owner": owner, "until": until, "id": cid, "now": at})
+                if cur.rowcount == 1:
+                    taken.append(cid)
+            return taken
+
+        return self._tx("claiming maintenance work", run, write=True)
+
+    def renew(self, owner: str, conversation_id: str, until: datetime) -> bool:
+        def run(cur: Any) -> bool:
+            cur.execute(self.q.renew, {"until": self._ts(until), "id": conversation_id, "owner": owner})
+            return bool(cur.rowcount == 1)
+
+        return self._tx("renewing a lease", run, write=True)
+
+    def release(self, owner: str, conversation_id: str) -> None:
+        def run(cur: Any) -> None:
+            cur.execute(self.q.release, {"id": conversation_id, "owner": owner})
+
+        self._tx("releasing a lease", run, write=True)
+
+
+def _seq(m: StoredMessage) -> int:
+    return m.sequence
+
+
+def _recency(hit: Hit) -> int:
+    if hit.message is not None:
+        return hit.message.sequence
+    return hit.summary.last_sequence if hit.summary is not None else 0
+
+
+def _rescored(hit: Hit, score: float) -> Hit:
+    return Hit(score, hit.message, hit.summary)
+
+
+def _json(value: Any) -> str | None:
+    return None if not value else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _is_driver_error(e: BaseException) -> bool:
+    """A DB-API error of sqlite3 or psycopg (they share no base class we can import cheaply)."""
+    module = type(e).__module__
+    return module.startswith(("sqlite3", "psycopg")) or module == "_sqlite3"

@@ -1,11 +1,28 @@
 """Offline, deterministic extractive summariser: the default, and the fallback when an LLM fails.
 
-It keeps whole sentences verbatim (the user's own words first) and adds nothing of its own
-except short speaker prefixes (``Name:``, or ``User:``/``Assistant:``...), a ``Topic:`` keyword
-line at large budgets, date headers when a merge has room for them, and "…". It may remove
-transcript markup (``{disfmarker}``...) and spoken disfluencies (um, uh). Sentences are chosen
-greedily by how many not-yet-kept informative words and facts they add per token. Whatever the
-input, the result fits ``target_tokens`` and is strictly smaller than what it replaces.
+Output format, one line per speaker turn kept::
+
+    User "alice": We decided to keep the replica for 2 weeks. Run `migrate_invoices()` in batches…
+    Assistant: The runbook lives in /ops/runbooks/rollback.md.
+
+A line starts with a label made from the message's *role* (``User``, ``Assistant``, ``System``,
+``Tool``, ``Other``) and its ``name``, if any, quoted after it as data: a user named ``System`` is
+``User "System":``, never ``System:``. The text after the label is made of pieces of that
+speaker's messages, verbatim: sentences, or clauses of long run-on sentences, with transcript
+markup (``{disfmarker}``...) and spoken disfluencies (um, uh) removed, a leading filler ("so,
+well, okay") dropped and whitespace collapsed. Pieces that were not contiguous meet at a sentence
+end or at "…", which also marks a sentence whose tail was cut; turns of one speaker that end up
+next to each other share a line. Nothing else is added, except the date headers of merges
+(``[2026-01-05 10:00–10:42]``) and "- " before the lines a merge finds without a label (an LLM's
+summary, say): so a merge, which reads labels back, never mistakes message text for a label.
+
+Pieces are chosen greedily by the information they add per token: content words not yet kept,
+weighted by salience (how often the topic comes back to them) and rarity (in the tokenizer's
+training text, whose BPE ranks approximate word frequency, and in the conversation when its
+document frequencies are given), names, and facts (numbers, dates, links, identifiers), plus a
+bonus for decisions and requirements. Filler and pieces too thin to tell anything are left out,
+room or not. Whatever the input, the result fits ``target_tokens`` and is strictly smaller than
+what it replaces.
 """
 
 from __future__ import annotations
@@ -15,29 +32,61 @@ import math
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from ..tokens import TokenCounter
 from .base import SummaryInput, SummaryPiece, SummaryResult
 
-#: How strongly selection favours short sentences: value / cost ** LENGTH_EXPONENT.
+#: How strongly selection favours short pieces: value / cost ** LENGTH_EXPONENT.
 LENGTH_EXPONENT = 0.75
-#: Below this budget a summary has no ``Topic:`` keyword line: the sentences carry those words anyway.
-TOPIC_LINE_MIN_BUDGET = 300
+#: Sentences with more words than this compete clause by clause (meeting speech runs on).
+CLAUSE_SPLIT_WORDS = 24
+#: A clause has at least this many words: shorter fragments join the clause that follows them.
+MIN_CLAUSE_WORDS = 5
 #: A merge heads each piece with its date range only if all those headers fit in 1/HEADER_SHARE of it.
 HEADER_SHARE = 10
-#: Longer sentences are cut to their head: one rambling sentence must not eat the budget.
+#: Longer pieces are cut to their head: one rambling sentence must not eat the budget.
 MAX_SENTENCE_TOKENS = 60
+#: With document frequencies from at least this many messages, rarity is judged by the conversation too.
+MIN_VOCABULARY_DOCUMENTS = 20
+#: How much a word's rarity counts (see ``_relevance``); 0 would judge words by salience alone.
+RARITY_EXPONENT = 0.5
+#: A word's worth for being said again and again in the topic is capped at this.
+MAX_SALIENCE = 2.0
+#: When no piece fits whole, the heads of this many of the best are compared.
+HEAD_CANDIDATES = 8
+#: Room left over after selection goes to pieces worth at least this share of the weakest one chosen.
+FILL_FLOOR = 0.75
 ELLIPSIS = "…"
 #: No cl100k/o200k token spans more than 128 bytes, hence more than 128 characters.
 _MAX_CHARS_PER_TOKEN = 128
 
+_ROLE_LABELS = {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool"}
+_OTHER_LABEL = "Other"
 _ROLE_WEIGHT = {"user": 1.5, "assistant": 1.0, "system": 0.9, "tool": 0.5}
+#: Lines of a merge's input that carry no label of ours (an LLM's summary): kept as "- " items.
+_UNLABELLED_WEIGHT = 0.9
+_UNLABELLED_PREFIX = "- "
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NAME_BAD_RE = re.compile(r"[^A-Za-z0-9_-]+")
+# A line of ours: a role label, optionally a quoted name (which cannot contain a quote), ": ", text.
+_LABELLED_LINE_RE = re.compile(r'(User|Assistant|System|Tool|Other)(?: "([A-Za-z0-9_-]{1,64})")?: (.*)', re.S)
+_LIST_MARK_RE = re.compile(r"(?:[-*•]|\d+[.)])\s+")
+_HEADER_LINE_RE = re.compile(r"\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}–[^\]]*\]")
+# The keyword line older versions put first ("Topic: billing, Postgres, migration"): not a sentence.
+_OLD_TOPIC_LINE_RE = re.compile(r"Topic: [^.!?\n]{0,200}")
 
 _FENCE_RE = re.compile(r"```[^\n]*\n?(.*?)(?:```|\Z)", re.S)
-_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])")
+_TERMINAL = ".!?。！？" + ELLIPSIS
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])")
+# Clause boundaries inside a long sentence: after , ; : or around a dash, always before a space.
+_CLAUSE_END_RE = re.compile(r"(?<=[,;:])\s+|(?<=\s[-–—])\s+|(?<=\s--)\s+")
+# Where a run-on without punctuation may be cut: before a conjunction.
+_CONJUNCTION_RE = re.compile(r"\s+(?=(?:and|but|because|cuz|so|or|which|then|whereas|although)\s)", re.I)
+_CLAUSE_TAIL_RE = re.compile(r"[\s,;:\-–—]+$")
 _WORD_RE = re.compile(r"\w+(?:['’]\w+)*")
 _DIGIT_RE = re.compile(r"\d")
 _URL_RE = re.compile(r"https?://\S+|www\.\S+\.\S+")
@@ -49,19 +98,31 @@ _DATE_RE = re.compile(
 _MONTH_DAY_RE = re.compile(
     r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d{1,2}\b", re.I
 )
-_SNAKE_RE = re.compile(r"[A-Za-z0-9]_[A-Za-z0-9]")
+_SNAKE_RE = re.compile(r"\w*[A-Za-z0-9]_[A-Za-z0-9]\w*")
 _CAMEL_GUARD_RE = re.compile(r"[a-z][A-Z]")
 _CAMEL_RE = re.compile(r"\w*[a-z][A-Z]\w*")
 # A capitalised word that does not start the sentence (and is not "I"): most likely a name.
-_NAME_RE = re.compile(r"(?<=[\w,;:)] )(?!I\b|I['’])[A-Z]")
+_PROPER_RE = re.compile(r"(?<=[\w,;:)] )(?!I\b|I['’])[A-Z]\w*")
 _DOTTED_GUARD_RE = re.compile(r"\w\.[A-Za-z_]")
 _DOTTED_RE = re.compile(r"\b[A-Za-z_]\w+(?:\.[A-Za-z_]\w*)+")
 _BACKTICK_RE = re.compile(r"`[^`\n]+`")
+_NUMBER_RE = re.compile(r"\d+(?:[.,:/-]\d+)*")
+# Transcript markup ({disfmarker}, {vocalsound}...), then spoken disfluencies (with the comma that
+# follows them) carry nothing: they are removed from the pieces the summary keeps.
+_MARKUP_RE = re.compile(r"\{(?:disfmarker|vocalsound|nonvocalsound|gap|pause|comment)\}", re.I)
+_DISFLUENCY_RE = re.compile(r"(?<!\S)(?:um+|uh+|uhm|erm|mm+(?:-?hmm)?|mhm|hm+)(?:\s*,)?(?!\S)", re.I)
+# Fillers that open a piece and say nothing: "So , um , well , I think" keeps "I think".
+_LEADING_FILLER_RE = re.compile(
+    r"^(?:(?:so|okay|ok|oh|ah|yeah|yep|alright|anyway|hmm+|um+|uh+)\b[\s,.!]*"
+    r"|(?:well|like|right|yes|I mean|you know|and|but)\s*[,.]\s*)+",
+    re.I,
+)
 # Word lists kept as prose: easier to read and extend than a column of quoted strings.
 _FILLER_WORDS = (
     "ok okay k kk thanks thank you thx ty lol lmao haha hah hehe sure cool great nice yes yeah yep yup no "
     "problem np hi hello hey got it sounds good alright right hmm welcome awesome perfect fine oh ah wow "
-    "indeed of course will do bye cheers um uh umm uhm uhh erm mm mmm mhm hm huh uhhuh mm-hmm so like well "
+    "indeed of course will do bye cheers understood noted gotcha makes sense exactly absolutely certainly "
+    "definitely um uh umm uhm uhh erm mm mmm mhm hm huh uhhuh mm-hmm so like well "
     "i mean know anyway you're happy glad help to"
 )
 _STOP_WORDS = (
@@ -77,22 +138,10 @@ _STOP_WORDS = (
     "from into onto about just also some any all our ours out use using used very more most much "
     "been being does did doing done yes one two get got make made like want need should here now "
     "may might must let lets sure okay thanks please well still only even each other over under "
-    "http https www com org net"
-)
-# Very common words: they count for little, since almost any sentence says them.
-_COMMON_WORDS = (
-    "think know going go goes went gone want get gets got getting like well really thing things kind sort "
-    "actually mean means good right lot lots way say says said see look looks something anything nothing "
-    "everything maybe probably pretty little bit quite stuff gonna wanna gotta let put take come came sure "
-    "also even still much many guess seems seem need time people idea different fine nice great yes just "
-    "okay alright basically definitely exactly absolutely certainly obviously totally course fact point "
-    "first second next last new old big small sorry thank thanks please hello hi anyway maybe perhaps "
-    "talk talking said tell told try trying work working yeah yep um uh i'd i'll i'm i've you're you've "
-    "we're we've that's there's it's what's don't doesn't didn't can't isn't wasn't won't wouldn't "
-    "shouldn't couldn't let's gonna one two three year years day days today make makes made making "
-    "able another back bit around whatever whether though although always never sometimes often "
-    "ever every else enough far long lot others part place same several since things thought "
-    "together use used using wait want wanted whole yet"
+    "http https www com org net "
+    "that's there's what's here's he's she's they're we're you're i'd you'd we'd they'd you'll we'll "
+    "they'll you've we've they've don't doesn't didn't can't isn't aren't wasn't weren't won't wouldn't "
+    "shouldn't couldn't haven't hasn't"
 )
 _CUE_WORDS = (
     "decided decide decision we'll agreed agree must always never please don't todo deadline because should "
@@ -106,7 +155,6 @@ _MONTH_WORDS = (
 )
 _FILLER = frozenset(_FILLER_WORDS.split())
 _STOPWORDS = frozenset(_STOP_WORDS.split())
-_COMMON = frozenset(_COMMON_WORDS.split()) - _STOPWORDS
 _CUES = frozenset(_CUE_WORDS.split())
 _CUE_PREFIXES = ("decid", "prefer")
 _CUE_PHRASES = ("we will", "do not", "need to", "needs to", "make sure", "let's")
@@ -114,54 +162,74 @@ _DATES = frozenset(_DATE_WORDS.split())
 _MONTHS = frozenset(_MONTH_WORDS.split())
 _FILE_EXTENSIONS = frozenset(_EXTENSIONS.split())
 _FILE_RE = re.compile(r"\b[\w-]+\.(?:" + "|".join(sorted(_FILE_EXTENSIONS)) + r")\b")
-_PRONOUNS = frozenset({"I", "I'm", "I'll", "I've", "I'd", "I’m", "I’ll", "I’ve", "I’d"})
-_LINE_PREFIX_RE = re.compile(
-    r"^(?:[-*•]\s+|\d+[.)]\s+)?(?:(?:[\w-]{1,64}(?: \((?:user|assistant|system|tool)\))?):\s+)?"
-)
-_HEADER_LINE_RE = re.compile(r"^\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}–[^\]]*\]$")
-# Transcript markup ({disfmarker}, {vocalsound}...) and spoken disfluencies (with the comma that
-# follows them) carry nothing: they are removed from the sentences the summary keeps.
-_NOISE_RE = re.compile(
-    r"\{(?:disfmarker|vocalsound|nonvocalsound|gap|pause|comment)\}"
-    r"|(?<!\S)(?:um+|uh+|uhm|erm|mm+-?hmm|mhm|hmm+)(?:\s*,)?(?!\S)",
-    re.I,
-)
+
+#: Worth of covering one fact (a number, date, link or identifier), relative to a rare word's 1.
+_FACT_WEIGHT = {"number": 1.0, "date": 3.0, "link": 3.0, "ident": 2.0}
+#: Worth of a word that is written capitalised inside a sentence somewhere (a name, most likely).
+_PROPER_FACTOR = 1.5
+
+
+def vocabulary_words(text: str) -> set[str]:
+    """The distinct lower-cased words of ``text``, as counted in the ``vocabulary`` the methods accept.
+
+    A conversation's vocabulary maps each such word to the number of messages containing it,
+    and ``""`` to the number of messages.
+    """
+    return set(_lower_words(text))
+
+
+def speaker_label(role: str, name: str | None) -> str:
+    """``User``, or ``User "alice"``: the role says who spoke, the name is quoted data."""
+    label = _ROLE_LABELS.get(role, _OTHER_LABEL)
+    if not name:
+        return label
+    if not _NAME_RE.fullmatch(name):  # names are validated upstream; never let one forge a quote
+        name = _NAME_BAD_RE.sub("_", name)[:64] or "_"
+    return f'{label} "{name}"'
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """A sentence or clause before scoring. Pieces sharing ``group`` end up on one line."""
+
+    block: int
+    """The merge input it comes from (0 for a topic)."""
+    group: int
+    prefix: str
+    role: str
+    text: str
+    joined: bool
+    """Contiguous with the piece before it in the same group (rendered after a space, no "…")."""
+    last: bool
+    """Nothing of its group's source follows it."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Unit:
-    """One candidate sentence. Units sharing ``group`` are rendered on one line after ``prefix``."""
+    """One candidate piece, scored."""
 
     order: int
-    group: int
     block: int
+    group: int
     prefix: str
     line_cost: int
     text: str
     tokens: int
     words: frozenset[str]
+    """Content words and facts (``#kind:value``) the piece covers..."""
+    worth: tuple[tuple[str, float], ...]
+    """...and what covering each is worth."""
     filler: bool
     weight: float
     """The speaker's role weight: the user's own words count most."""
     bonus: float
-    """Worth of the facts (links, dates, numbers, identifiers, names, decisions) in the sentence."""
-
-    def value(self, covered: Collection[str] = ()) -> float:
-        """Worth of keeping the sentence when the words in ``covered`` are kept already."""
-        fresh = sum(_weight(w) for w in self.words if w not in covered)
-        return self.weight * max(0.05, self.bonus + fresh)
-
-    @property
-    def score(self) -> float:
-        return self.value()
-
-    @property
-    def rank(self) -> float:
-        return self.score / _length_norm(self.tokens + self.line_cost)
+    """Worth of what no coverage captures: decisions, requirements."""
+    joined: bool
+    """Contiguous with the piece before it (see :class:`_Piece`)."""
+    open_tail: bool
+    """Rendered with a trailing "…" unless the piece after it is kept too."""
 
 
-#: (block, group, prefix, role, sentence): a sentence before scoring; ``block`` is the merge piece.
-_Raw = tuple[int, int, str, str, str]
 _Render = Callable[[list[_Unit]], str]
 
 
@@ -174,21 +242,54 @@ def _budget(target_tokens: int, source_tokens: int) -> int:
     return max(0, min(target_tokens, source_tokens - 1))
 
 
-def _split_sentences(text: str) -> list[str]:
-    """Sentences of ``text`` with whitespace collapsed; a fenced code block counts as one sentence."""
-    pieces: list[str] = []
+def _runs(text: str) -> list[list[str]]:
+    """Runs of pieces contiguous in ``text`` once markup is gone; a fenced code block is a run of its own."""
+    runs: list[list[str]] = []
     pos = 0
     for fence in _FENCE_RE.finditer(text):
-        pieces += _split_prose(text[pos : fence.start()])
-        pieces.append(" ".join(fence.group(1).split()))
+        runs.append(_prose(text[pos : fence.start()]))
+        runs.append([" ".join(fence.group(1).split())])
         pos = fence.end()
-    pieces += _split_prose(text[pos:])
-    return [p for p in pieces if any(c.isalnum() for c in p)]
+    runs.append(_prose(text[pos:]))
+    return [[p for p in run if any(c.isalnum() for c in p)] for run in runs]
 
 
-def _split_prose(text: str) -> list[str]:
-    text = _NOISE_RE.sub(" ", text)
-    return [" ".join(s.split()) for line in text.splitlines() for s in _SENTENCE_END_RE.split(line)]
+def _prose(text: str) -> list[str]:
+    text = " ".join(_DISFLUENCY_RE.sub(" ", _MARKUP_RE.sub(" ", text)).split())
+    return [s for s in _SENTENCE_END_RE.split(text) if s]
+
+
+def _clauses(sentence: str) -> list[tuple[str, bool]]:
+    """``sentence`` as (piece, joined) pairs: whole, or cut into clauses of several words if it is long.
+
+    A leading filler is dropped; the piece after a dropped filler is no longer contiguous with
+    the one before it.
+    """
+    parts = [sentence]
+    if sentence.count(" ") >= CLAUSE_SPLIT_WORDS:
+        parts = []
+        fragments = [
+            piece
+            for fragment in _CLAUSE_END_RE.split(sentence)
+            for piece in (
+                _CONJUNCTION_RE.split(fragment) if fragment.count(" ") >= CLAUSE_SPLIT_WORDS else [fragment]
+            )
+        ]
+        for fragment in fragments:
+            if parts and parts[-1].count(" ") + 1 < MIN_CLAUSE_WORDS:
+                parts[-1] += " " + fragment
+            else:
+                parts.append(fragment)
+        if len(parts) > 1 and parts[-1].count(" ") + 1 < MIN_CLAUSE_WORDS:
+            tail = parts.pop()
+            parts[-1] += " " + tail
+    out: list[tuple[str, bool]] = []
+    for i, part in enumerate(parts):
+        stripped = _LEADING_FILLER_RE.sub("", part)
+        if stripped and any(c.isalnum() for c in stripped):
+            # Joined to what came before unless a filler went, here or as a whole clause before it.
+            out.append((stripped, stripped == part and len(out) == i))
+    return out
 
 
 def _lower_words(text: str) -> list[str]:
@@ -200,53 +301,100 @@ def _content_words(words: Iterable[str]) -> list[str]:
     return [w for w in words if len(w) > 1 and w not in _STOPWORDS and w not in _FILLER and not w.isdigit()]
 
 
-def _weight(word: str) -> float:
-    """What covering ``word`` is worth: rare words tell topics apart, very common ones hardly do."""
-    return 0.6 if word in _COMMON else 1.0
+MIN_CONTENT_WORDS = 2
 
 
-def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
-    """Near-duplicate of a chosen sentence: people restate things; saying them twice wastes budget."""
-    if not unit.words:
-        return False
-    return any(
-        unit.words <= other.words or len(unit.words & other.words) >= 0.6 * len(unit.words | other.words)
-        for other in chosen
-    )
+def _thin(words: list[str], covers: Collection[str]) -> bool:
+    """Too little to stand on its own ("Many.", "That's difficult."): cheap, but it tells a reader nothing."""
+    content = sum(1 for item in covers if item[0] != "#")
+    return content < MIN_CONTENT_WORDS and len(covers) == content
 
 
-def _info(text: str, words: set[str]) -> float:
-    """Bonus for what a summary must not lose: links, paths, dates, numbers, identifiers, names, decisions.
+def _facts(text: str, words: set[str]) -> set[str]:
+    """Links, paths, dates, numbers and identifiers in ``text``, as ``#kind:value`` coverage items.
 
-    ``words`` are the sentence's lower-cased words. Cheap substring and set tests guard the
-    regexes: most sentences contain none of these things, and this runs for every sentence.
+    ``words`` are the piece's lower-cased words. Cheap substring and set tests guard the
+    regexes: most pieces contain none of these things, and this runs for every piece.
     """
+    found: set[str] = set()
+    if "://" in text or "www." in text:
+        found.update("#link:" + u for u in _URL_RE.findall(text))
+    if "@" in text:
+        found.update("#link:" + e for e in _EMAIL_RE.findall(text))
+    if "/" in text or "\\" in text:
+        found.update("#link:" + p for p in _PATH_RE.findall(text))
+    if words & _FILE_EXTENSIONS:
+        found.update("#link:" + f for f in _FILE_RE.findall(text))
     has_digit = _DIGIT_RE.search(text) is not None
-    links = len(_URL_RE.findall(text)) if "://" in text or "www." in text else 0
-    links += len(_EMAIL_RE.findall(text)) if "@" in text else 0
-    links += len(_PATH_RE.findall(text)) if "/" in text or "\\" in text else 0
-    links += len(_FILE_RE.findall(text)) if words & _FILE_EXTENSIONS else 0
-    dated = bool(words & _DATES) or (
-        has_digit
-        and (_DATE_RE.search(text) is not None or bool(words & _MONTHS and _MONTH_DAY_RE.search(text)))
-    )
-    idents = len(_SNAKE_RE.findall(text)) if "_" in text else 0
-    idents += len(_CAMEL_RE.findall(text)) if _CAMEL_GUARD_RE.search(text) else 0
-    idents += len(_DOTTED_RE.findall(text)) if _DOTTED_GUARD_RE.search(text) else 0
-    idents += len(_BACKTICK_RE.findall(text)) if "`" in text else 0
-    idents += text.count("()")
+    if has_digit:
+        found.update("#date:" + d.lower() for d in _DATE_RE.findall(text))
+        if words & _MONTHS:
+            found.update("#date:" + d.lower() for d in _MONTH_DAY_RE.findall(text))
+        found.update("#number:" + n for n in _NUMBER_RE.findall(text))
+    found.update("#date:" + w for w in words & _DATES)
+    if "_" in text:
+        found.update("#ident:" + s for s in _SNAKE_RE.findall(text))
+    if _CAMEL_GUARD_RE.search(text):
+        found.update("#ident:" + s for s in _CAMEL_RE.findall(text))
+    if _DOTTED_GUARD_RE.search(text):
+        found.update("#ident:" + s for s in _DOTTED_RE.findall(text))
+    if "`" in text:
+        found.update("#ident:" + s for s in _BACKTICK_RE.findall(text))
+    return found
+
+
+def _cue_bonus(text: str, words: set[str]) -> float:
+    """Decisions and requirements: worth keeping whatever words they use."""
     cues = len(words & _CUES) + sum(w.startswith(_CUE_PREFIXES) for w in words)
     lowered = text.lower()
     cues += sum(phrase in lowered for phrase in _CUE_PHRASES)
-    names = len(_NAME_RE.findall(text))
-    return (
-        2.0 * min(links, 2)
-        + 3.0 * dated
-        + 1.0 * has_digit
-        + 1.5 * min(idents, 2)
-        + 0.5 * min(cues, 2)
-        + 0.5 * min(names, 2)
-    )
+    return 0.5 * min(cues, 2)
+
+
+_PRIOR_CACHE: dict[tuple[str, str], float] = {}
+_PRIOR_CACHE_SIZE = 200_000
+
+
+def _prior_rarity(counter: TokenCounter, word: str) -> float:
+    """How rare ``word`` is in general text, in [0.3, 1], from its BPE rank.
+
+    BPE merges the most frequent pairs first, so a word that is one token of low rank is
+    common; by Zipf's law log(rank) tracks its self-information. Words of several tokens are
+    rarer than any single-token word.
+    """
+    key = (counter.encoding_name, word)
+    rarity = _PRIOR_CACHE.get(key)
+    if rarity is None:
+        tokens = counter.encode(" " + word)
+        rarity = 1.0 if len(tokens) > 1 else math.log(max(tokens[0], 2)) / math.log(100_000)
+        rarity = min(1.0, max(0.3, rarity))
+        if len(_PRIOR_CACHE) >= _PRIOR_CACHE_SIZE:
+            _PRIOR_CACHE.clear()  # a cache, not a leak: a long-lived worker meets endless words
+        _PRIOR_CACHE[key] = rarity
+    return rarity
+
+
+def _relevance(
+    counter: TokenCounter, freq: Counter[str], vocabulary: Mapping[str, int] | None
+) -> dict[str, float]:
+    """What covering each content word is worth, given in how many of the topic's pieces it occurs.
+
+    Salience: a word the topic keeps coming back to is likelier to be asked about later; a word
+    in n pieces is worth 1 + ln n, at most :data:`MAX_SALIENCE`. Rarity, in [0.3, 1], tells
+    topics apart: rarity in general text (BPE rank), or, given the conversation's document
+    frequencies, the geometric mean of that and the word's IDF in the conversation. It counts
+    as its :data:`RARITY_EXPONENT` power: common words still say what was discussed.
+    """
+    documents = vocabulary.get("", 0) if vocabulary else 0
+    weights: dict[str, float] = {}
+    for word, n in freq.items():
+        rarity = _prior_rarity(counter, word)
+        if vocabulary is not None and documents >= MIN_VOCABULARY_DOCUMENTS:
+            df = min(max(vocabulary.get(word, 1), 1), documents)
+            idf = max(0.3, math.log((documents + 1) / df) / math.log(documents + 1))
+            rarity = math.sqrt(rarity * idf)
+        weights[word] = rarity**RARITY_EXPONENT * min(1 + math.log(n), MAX_SALIENCE)
+    return weights
 
 
 def _stamp(moment: datetime) -> datetime:
@@ -262,95 +410,113 @@ def _date_range(start: datetime, end: datetime, previous: datetime | None = None
     return f"[{first.strftime(head)}–{tail}]"
 
 
+def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
+    """Near-duplicate of a chosen piece: people restate things; saying them twice wastes budget."""
+    if not unit.words:
+        return False
+    return any(
+        unit.words <= other.words or len(unit.words & other.words) >= 0.6 * len(unit.words | other.words)
+        for other in chosen
+    )
+
+
 class ExtractiveSummarizer:
-    """Keeps the most informative sentences verbatim: no model, no network, same input -> same output."""
+    """Keeps the most informative sentences and clauses verbatim: no model, no network, deterministic."""
 
     name: str = "extractive"
 
     def __init__(self, counter: TokenCounter | None = None) -> None:
         self.counter = counter if counter is not None else TokenCounter()
 
-    async def summarize(self, messages: Sequence[SummaryInput], target_tokens: int) -> SummaryResult:
+    async def summarize(
+        self,
+        messages: Sequence[SummaryInput],
+        target_tokens: int,
+        *,
+        vocabulary: Mapping[str, int] | None = None,
+    ) -> SummaryResult:
+        """Summarise one topic. ``vocabulary``: the conversation's document frequencies, if known
+        (see :func:`vocabulary_words`); rare words are then judged against the conversation."""
         started = time.perf_counter()
         source = sum(self.counter.count(m.content) for m in messages)
-        return self._result(self._summarize_text(messages, _budget(target_tokens, source)), started)
+        text = self._summarize_text(messages, _budget(target_tokens, source), vocabulary)
+        return self._result(text, started)
 
-    async def merge(self, pieces: Sequence[SummaryPiece], target_tokens: int) -> SummaryResult:
+    async def merge(
+        self,
+        pieces: Sequence[SummaryPiece],
+        target_tokens: int,
+        *,
+        vocabulary: Mapping[str, int] | None = None,
+    ) -> SummaryResult:
+        """Merge summaries (oldest first), or archives into a coarser archive, into one text."""
         started = time.perf_counter()
         sizes = [self.counter.count(p.text) for p in pieces]
-        return self._result(self._merge_text(pieces, sizes, _budget(target_tokens, sum(sizes))), started)
+        text = self._merge_text(pieces, sizes, _budget(target_tokens, sum(sizes)), vocabulary)
+        return self._result(text, started)
 
     # -- summarize ------------------------------------------------------------------------------
 
-    def _summarize_text(self, messages: Sequence[SummaryInput], budget: int) -> str:
+    def _summarize_text(
+        self, messages: Sequence[SummaryInput], budget: int, vocabulary: Mapping[str, int] | None
+    ) -> str:
         if budget <= 0:
             return ""
-        raw: list[_Raw] = []
-        group, last_label = -1, None
-        for message in messages:
-            sentences = _split_sentences(message.content)
-            role = message.role or "unknown"
-            label = message.name or role.capitalize()
-            if sentences and label != last_label:
-                group, last_label = group + 1, label
-            raw += [(0, group, f"{label}: ", message.role, s) for s in sentences]
-        units, freq = self._units(raw, boost_opener=True)
+        raw: list[_Piece] = []
+        for group, message in enumerate(messages):
+            prefix = speaker_label(message.role, message.name) + ": "
+            raw += self._pieces(0, group, prefix, message.role, _runs(message.content))
+        units = self._units(raw, vocabulary, boost_opener=True)
         if not units:
             return ""
+        chosen = self._greedy(units, budget, []) or self._best_head(units, budget)
+        chosen = self._fill(units, chosen, self._lines, budget)
+        return self._clip(self._repair(chosen, self._lines, budget), budget)
 
-        topic = self._topic_line(freq, [s for *_, s in raw], budget)
-        reserved = self.counter.count(topic) + 1 if topic else 0
-        room = budget - reserved
-        chosen = self._greedy(units, room, []) or self._best_head(units, room)
-
-        def render(selected: list[_Unit]) -> str:
-            return "\n".join(([topic] if topic else []) + self._lines(selected))
-
-        text = self._repair(chosen, render, budget)
-        if not text.strip() and topic:
-            topic = ""
-            chosen = self._greedy(units, budget, []) or self._best_head(units, budget)
-            text = self._repair(chosen, render, budget)
-        if not text.strip():
-            # Not even a prefix fits (tiny source or target): the head of the best sentence, bare.
-            text = self._clip(max(units, key=lambda u: (u.rank, -u.order)).text, budget)
-        return self._clip(text, budget)
-
-    def _topic_line(self, freq: Counter[str], sentences: list[str], budget: int) -> str:
-        if budget < TOPIC_LINE_MIN_BUDGET:
-            return ""
-        ranked = sorted(freq.items(), key=lambda kv: (-kv[1] * _weight(kv[0]), kv[0]))
-        keywords = [w for w, n in ranked if n > 1 and w not in _COMMON][:5]
-        if len(keywords) < 3:
-            return ""
-        # Spell each keyword as it first appeared, so the line only uses the input's words.
-        spelled: dict[str, str] = {}
-        for sentence in sentences:
-            for word in _WORD_RE.findall(sentence):
-                spelled.setdefault(word.lower().replace("’", "'"), word)
-        line = "Topic: " + ", ".join(spelled[k] for k in keywords if k in spelled)
-        return line if self.counter.count(line) <= budget // 6 else ""
+    @staticmethod
+    def _pieces(block: int, group: int, prefix: str, role: str, runs: list[list[str]]) -> list[_Piece]:
+        out: list[_Piece] = []
+        for run in runs:
+            first = True
+            for sentence in run:
+                for text, joined in _clauses(sentence):
+                    # A run's sentences are contiguous; so are a sentence's clauses, unless a filler went.
+                    out.append(_Piece(block, group, prefix, role, text, joined and not first, False))
+                    first = False
+        if out:
+            out[-1] = replace(out[-1], last=True)
+        return out
 
     # -- merge ----------------------------------------------------------------------------------
 
-    def _merge_text(self, pieces: Sequence[SummaryPiece], sizes: list[int], budget: int) -> str:
+    def _merge_text(
+        self,
+        pieces: Sequence[SummaryPiece],
+        sizes: list[int],
+        budget: int,
+        vocabulary: Mapping[str, int] | None,
+    ) -> str:
         if budget <= 0 or not pieces:
             return ""
-        raw: list[_Raw] = []
+        raw: list[_Piece] = []
         group = 0
         for block, piece in enumerate(pieces):
-            for line in piece.text.splitlines():
+            for index, line in enumerate(piece.text.splitlines()):
                 line = line.strip()
-                if not line or _HEADER_LINE_RE.match(line):
+                if not line or _HEADER_LINE_RE.fullmatch(line):
                     continue  # an older archive's own date header: the new header supersedes it
-                matched = _LINE_PREFIX_RE.match(line)
-                prefix = matched.group(0) if matched else ""
-                lowered = prefix.lower()
-                role = next((r for r in _ROLE_WEIGHT if r in lowered), "topic" if "topic" in lowered else "")
-                role = role or ("user" if prefix.rstrip().endswith(":") else "")  # a speaker's name
-                raw += [(block, group, prefix, role, s) for s in _split_sentences(line[len(prefix) :])]
+                if index == 0 and _OLD_TOPIC_LINE_RE.fullmatch(line):
+                    continue  # an older version's keyword line
+                labelled = _LABELLED_LINE_RE.fullmatch(line)
+                if labelled:
+                    role = labelled.group(1).lower()
+                    prefix, body = line[: labelled.start(3)], labelled.group(3)
+                else:
+                    role, prefix = "", _UNLABELLED_PREFIX
+                    body = line[m.end() :] if (m := _LIST_MARK_RE.match(line)) else line
+                raw += self._pieces(block, group, prefix, role, [_prose(body)])
                 group += 1
-        units, _ = self._units(raw, boost_opener=False)
+        units = self._units(raw, vocabulary, boost_opener=False)
         if not units:
             return ""
 
@@ -359,19 +525,21 @@ class ExtractiveSummarizer:
             for i, p in enumerate(pieces)
         ]
         header_cost = sum(self.counter.count(h) + 1 for h in headers)
-        if header_cost > budget // HEADER_SHARE:
-            # No room for a header per piece: the archive's own header carries the overall range.
+        if len(pieces) < 2 or header_cost > budget // HEADER_SHARE:
+            # One piece, or no room for a header per piece: the archive's own header has the range.
             headers, header_cost = [], 0
 
-        chosen = self._fair_share(sizes, units, budget - header_cost)
-
         def render(selected: list[_Unit]) -> str:
+            if not headers:  # nothing shows where a piece ends: one speaker's lines may run on
+                return self._lines(selected)
             lines: list[str] = []
             for block in sorted({u.block for u in selected}):
                 lines += [headers[block]] if headers else []
-                lines += self._lines([u for u in selected if u.block == block])
+                lines.append(self._lines([u for u in selected if u.block == block]))
             return "\n".join(lines)
 
+        chosen = self._fair_share(sizes, units, budget - header_cost)
+        chosen = self._fill(units, chosen, render, budget)
         return self._clip(self._repair(chosen, render, budget), budget)
 
     def _fair_share(self, sizes: list[int], units: list[_Unit], budget: int) -> list[_Unit]:
@@ -390,88 +558,162 @@ class ExtractiveSummarizer:
 
     # -- shared machinery -----------------------------------------------------------------------
 
-    def _units(self, raw: list[_Raw], boost_opener: bool) -> tuple[list[_Unit], Counter[str]]:
-        """Score each distinct sentence; pure filler goes unless nothing else is left."""
-        freq = Counter(w for *_, sentence in raw for w in _content_words(_lower_words(sentence)))
+    def _units(
+        self, raw: list[_Piece], vocabulary: Mapping[str, int] | None, boost_opener: bool
+    ) -> list[_Unit]:
+        """Score each distinct piece; pure filler goes unless nothing else is left."""
+        texts = [self._fit(p.text) for p in raw]
+        lowered = [_lower_words(t) for t, _ in texts]
+        relevance = _relevance(
+            self.counter, Counter(w for ws in lowered for w in set(_content_words(ws))), vocabulary
+        )
+        for word in {w.lower().replace("’", "'") for t, _ in texts for w in _PROPER_RE.findall(t)}:
+            if word in relevance:
+                relevance[word] *= _PROPER_FACTOR
         units: list[_Unit] = []
         seen: set[str] = set()
         line_costs: dict[str, int] = {}
-        for block, group, prefix, role, sentence in raw:
-            if sentence.casefold() in seen:
+        for order, (piece, (text, tokens), words) in enumerate(zip(raw, texts, lowered, strict=True)):
+            key = text.casefold()
+            if key in seen:
                 continue
-            seen.add(sentence.casefold())
-            if prefix not in line_costs:
-                line_costs[prefix] = self.counter.count(prefix) + 1  # +1: the newline before it
-            unit = self._unit(len(units), group, block, prefix, line_costs[prefix], sentence, role)
-            if boost_opener and role == "user" and not unit.filler:
+            seen.add(key)
+            if piece.prefix not in line_costs:
+                # The label's trailing space merges into the next word; +1: the newline before it.
+                line_costs[piece.prefix] = self.counter.count(piece.prefix.rstrip()) + 1
+            word_set = set(words)
+            covers = frozenset(_content_words(words)) | _facts(text, word_set)
+            worth = tuple(
+                (item, _FACT_WEIGHT[item[1 : item.index(":")]] if item[0] == "#" else relevance[item])
+                for item in sorted(covers)
+            )
+            unit = _Unit(
+                order=order,
+                block=piece.block,
+                group=piece.group,
+                prefix=piece.prefix,
+                line_cost=line_costs[piece.prefix],
+                text=text,
+                tokens=tokens,
+                words=covers,
+                worth=worth,
+                filler=all(w in _FILLER for w in words) or _thin(words, covers),
+                weight=_ROLE_WEIGHT.get(piece.role, _UNLABELLED_WEIGHT),
+                bonus=_cue_bonus(text, word_set),
+                joined=piece.joined,
+                open_tail=not piece.last and text[-1] not in _TERMINAL,
+            )
+            if boost_opener and piece.role == "user" and not unit.filler:
                 # The first thing the user says usually states what the topic is about.
                 unit, boost_opener = replace(unit, bonus=unit.bonus + 1.0), False
             units.append(unit)
         substantive = [u for u in units if not u.filler]
-        return substantive or units, freq
+        return substantive or units
 
-    def _unit(
-        self,
-        order: int,
-        group: int,
-        block: int,
-        prefix: str,
-        line_cost: int,
-        text: str,
-        role: str,
-    ) -> _Unit:
-        # Counting a huge sentence in full would be wasted: it is cut to its head anyway.
+    def _fit(self, text: str) -> tuple[str, int]:
+        """``text`` and its tokens; a piece longer than :data:`MAX_SENTENCE_TOKENS` is cut to its head."""
+        # Counting a huge piece in full would be wasted: it is cut to its head anyway.
         huge = len(text) > MAX_SENTENCE_TOKENS * _MAX_CHARS_PER_TOKEN
         tokens = MAX_SENTENCE_TOKENS + 1 if huge else self.counter.count(text)
         if tokens > MAX_SENTENCE_TOKENS:
             text = self._head(text, MAX_SENTENCE_TOKENS)
             tokens = self.counter.count(text)
-        words = _lower_words(text)
-        content = frozenset(_content_words(words))
-        filler = all(w in _FILLER for w in words)
-        bonus = _info(text, set(words))
-        return _Unit(
-            order,
-            group,
-            block,
-            prefix,
-            line_cost,
-            text,
-            tokens,
-            content,
-            filler,
-            _ROLE_WEIGHT.get(role, 0.8),
-            bonus,
-        )
+        return text, tokens
+
+    @staticmethod
+    def _value(unit: _Unit, covered: Collection[str] = ()) -> float:
+        """Worth of keeping ``unit`` when the words and facts in ``covered`` are kept already."""
+        if covered:
+            fresh = sum(w for item, w in unit.worth if item not in covered)
+        else:
+            fresh = sum(w for _, w in unit.worth)
+        return unit.weight * max(0.05, unit.bonus + fresh)
+
+    def _rank(self, unit: _Unit) -> float:
+        return self._value(unit) / _length_norm(unit.tokens + unit.line_cost)
 
     def _best_head(self, units: list[_Unit], budget: int) -> list[_Unit]:
-        """When no sentence fits whole: the best one cut down to fit, prefix included (or nothing)."""
-        if not units:
-            return []
-        top = max(units, key=lambda u: (u.rank, -u.order))
-        text = self._clip(top.text, budget - top.line_cost)
-        return [replace(top, text=text, tokens=self.counter.count(text))] if text else []
+        """When no piece fits whole: the head, cut to fit with its label, that keeps the most (or nothing)."""
+        candidates = sorted(units, key=lambda u: (-self._rank(u), u.order))[:HEAD_CANDIDATES]
+        heads = [head for unit in candidates if (head := self._head_unit(unit, budget)) is not None]
+        return [max(heads, key=lambda h: (self._value(h), -h.order))] if heads else []
 
-    def _cost(self, unit: _Unit, open_groups: set[int]) -> int:
-        # A line's prefix and newline are paid by its first selected sentence; a joining space
-        # usually merges into the next word's token, so continuing a line costs the text alone.
-        return unit.tokens + (0 if unit.group in open_groups else unit.line_cost)
+    def _head_unit(self, unit: _Unit, budget: int) -> _Unit | None:
+        """``unit`` cut to its head so that it fits ``budget`` with its label, worth what the head keeps."""
+        limit = budget - self.counter.count(unit.prefix)
+        while limit > 0:
+            text = self._clip(unit.text, limit)
+            if text and self.counter.count(unit.prefix + text) <= budget:
+                kept = set(_content_words(_lower_words(text)))
+                lowered = text.lower()
+                worth = tuple(
+                    (item, w)
+                    for item, w in unit.worth
+                    if item in kept or (item[0] == "#" and item.split(":", 1)[1] in lowered)
+                )
+                return replace(
+                    unit,
+                    text=text,
+                    tokens=self.counter.count(text),
+                    words=frozenset(item for item, _ in worth),
+                    worth=worth,
+                    joined=False,
+                    open_tail=False,
+                )
+            limit -= 1
+        return None
 
-    def _greedy(self, units: Iterable[_Unit], budget: int, already: list[_Unit]) -> list[_Unit]:
+    @staticmethod
+    def _cost(unit: _Unit, open_groups: set[int]) -> int:
+        # A line's label and newline are paid by its first selected piece; a joining space usually
+        # merges into the next word's token; an open clause may need its "…".
+        return unit.tokens + (0 if unit.group in open_groups else unit.line_cost) + unit.open_tail
+
+    def _fill(self, units: list[_Unit], chosen: list[_Unit], render: _Render, budget: int) -> list[_Unit]:
+        """Spend what the estimates over-counted (lines that share a label, spaces) on more pieces,
+        as long as they are nearly as good as those chosen already: room is no reason for trivia."""
+        covered: set[str] = set()
+        open_groups: set[int] = set()
+        weakest = math.inf
+        for unit in chosen:  # in the order they were chosen
+            weakest = min(weakest, self._value(unit, covered) / _length_norm(self._cost(unit, open_groups)))
+            covered |= unit.words
+            open_groups.add(unit.group)
+        floor = FILL_FLOOR * weakest
+        for _ in range(3):
+            used = self.counter.count(render(chosen))
+            if used >= budget:
+                break
+            more = self._greedy(units, budget, chosen, floor, used)
+            if len(more) == len(chosen):
+                break
+            chosen = more
+        return chosen
+
+    def _greedy(
+        self,
+        units: Iterable[_Unit],
+        budget: int,
+        already: list[_Unit],
+        floor: float = 0.0,
+        used: int | None = None,
+    ) -> list[_Unit]:
         """Add to ``already`` the units that add the most not yet kept words and facts per token.
 
-        Lazy greedy: a unit's worth only drops as words get covered, so a unit whose fresh
-        worth still beats every stale estimate left is the best one.
+        Units worth less than ``floor`` per token are left out. ``used``: what ``already`` takes,
+        if known better than its estimate. Lazy greedy: a unit's worth only drops as words get
+        covered, so a unit whose fresh worth still beats every stale estimate left is the best one.
         """
         chosen = list(already)
         taken = {u.order for u in chosen}
         open_groups = {u.group for u in chosen}
-        line_costs = {u.group: u.line_cost for u in chosen}
-        used = sum(u.tokens for u in chosen) + sum(line_costs.values())
+        if used is None:
+            line_costs = {u.group: u.line_cost for u in chosen}
+            used = sum(u.tokens + u.open_tail for u in chosen) + sum(line_costs.values())
         covered: set[str] = set().union(*(u.words for u in chosen))
         candidates = [u for u in units if u.order not in taken]
         smallest = min((u.tokens for u in candidates), default=0)
-        heap = [(-u.rank, u.order, i) for i, u in enumerate(candidates)]
+        heap = [(-self._rank(u), u.order, i) for i, u in enumerate(candidates)]
         heapq.heapify(heap)
         while heap and budget - used >= smallest:
             _, order, i = heapq.heappop(heap)
@@ -479,7 +721,9 @@ class ExtractiveSummarizer:
             cost = self._cost(unit, open_groups)
             if used + cost > budget:
                 continue
-            rank = unit.value(covered) / _length_norm(cost)
+            rank = self._value(unit, covered) / _length_norm(cost)
+            if rank < floor:
+                continue  # worth drops as more is covered: it will never reach the floor again
             if heap and rank < -heap[0][0]:
                 heapq.heappush(heap, (-rank, order, i))
                 continue
@@ -492,28 +736,36 @@ class ExtractiveSummarizer:
         return chosen
 
     def _repair(self, chosen: list[_Unit], render: _Render, budget: int) -> str:
-        """Estimates can be off by a token or two: drop the weakest sentences until the text fits."""
+        """Estimates can be off by a token or two: drop the weakest pieces until the text fits."""
         chosen = sorted(chosen, key=lambda u: u.order)
         text = render(chosen)
         while chosen and self.counter.count(text) > budget:
             blocks = Counter(u.block for u in chosen)
             # Never empty a merge piece while another piece still has lines to spare.
-            weakest = min(chosen, key=lambda u: (blocks[u.block] == 1, u.rank, -u.order))
+            weakest = min(chosen, key=lambda u: (blocks[u.block] == 1, self._rank(u), -u.order))
             chosen.remove(weakest)
             text = render(chosen)
         return text if chosen else ""
 
     @staticmethod
-    def _lines(selected: list[_Unit]) -> list[str]:
+    def _lines(selected: list[_Unit]) -> str:
+        """A line per speaker turn kept, its label first; turns of one speaker that end up next to
+        each other share a line. Pieces that were not contiguous meet at a sentence end or "…"."""
         lines: list[str] = []
-        group = None
-        for unit in sorted(selected, key=lambda u: u.order):
-            if unit.group == group:
-                lines[-1] += " " + unit.text
+        ordered = sorted(selected, key=lambda u: u.order)
+        for i, unit in enumerate(ordered):
+            after = ordered[i + 1] if i + 1 < len(ordered) else None
+            text = unit.text
+            contiguous = after is not None and after.group == unit.group
+            contiguous = contiguous and after is not None and after.order == unit.order + 1 and after.joined
+            same_line = after is not None and after.prefix == unit.prefix
+            if not contiguous and (unit.open_tail or (same_line and text[-1] not in _TERMINAL)):
+                text = _CLAUSE_TAIL_RE.sub("", text) + ELLIPSIS
+            if i and ordered[i - 1].prefix == unit.prefix:
+                lines[-1] += " " + text
             else:
-                lines.append(unit.prefix + unit.text)
-                group = unit.group
-        return lines
+                lines.append(unit.prefix + text)
+        return "\n".join(lines)
 
     def _clip(self, text: str, limit: int) -> str:
         """``text`` if it fits in ``limit`` tokens, else its head (at a nearby word boundary) + "…"."""
@@ -536,7 +788,7 @@ class ExtractiveSummarizer:
                 cut = max(head.rfind(" "), head.rfind("\n"))
                 if cut > len(head) // 2:
                     head = head[:cut]  # avoid half a word when a word boundary is close
-            head = head.rstrip()
+            head = _CLAUSE_TAIL_RE.sub("", head) or head.rstrip()
             if head and self.counter.count(head + ELLIPSIS) <= limit:
                 return head + ELLIPSIS
             keep -= max(1, keep // 10)

@@ -33,6 +33,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigurationError, SummarizerError
+from ..retry import summarizer_retrying
 from ..tokens import TokenCounter
 from .base import Spend, SummaryInput, SummaryPiece, SummaryResult, record_spend
 
@@ -48,7 +49,6 @@ INPUT_SHARE = 0.8
 #: Replies longer than this × target are cut.
 OUTPUT_SLACK = 1.2
 _MAX_DEPTH = 8  # chunk → merge levels; far more than any real window needs
-_BACKOFF_BASE = 0.25  # seconds, doubled per retry
 _BACKOFF_CAP = 4.0
 _ERROR_TEXT_LIMIT = 500
 
@@ -163,6 +163,9 @@ class LiteLLMSummarizer:
     """
 
     name = "litellm"
+    #: Each request gets ``timeout`` and transient failures are retried here, so the pipeline
+    #: caps the whole job only by its deadline.
+    handles_timeouts = True
 
     def __init__(
         self,
@@ -366,20 +369,22 @@ class LiteLLMSummarizer:
             "drop_params": True,  # e.g. reasoning models reject temperature
             **self.completion_kwargs,
         }
-        # litellm's own timeout covers each network read; this one covers the whole call.
+        # litellm's own timeout covers each network read; this one covers the whole request.
         hard_timeout = self.timeout * 1.1 + 0.25
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = await asyncio.wait_for(litellm.acompletion(**kwargs), hard_timeout)
-                break
-            except Exception as exc:
-                if attempt > self.max_retries or not _is_transient(litellm, exc):
-                    raise SummarizerError(
-                        f"summariser model {self.model!r} failed after {attempt} attempt(s): {_describe(exc)}"
-                    ) from exc
-                await asyncio.sleep(min(_BACKOFF_CAP, _BACKOFF_BASE * 2 ** (attempt - 1)))
+        attempts = 0
+
+        def transient(exc: BaseException) -> bool:
+            return _is_transient(litellm, exc)
+
+        try:
+            async for attempt in summarizer_retrying(self.max_retries + 1, transient, _BACKOFF_CAP):
+                with attempt:
+                    attempts += 1
+                    response = await asyncio.wait_for(litellm.acompletion(**kwargs), hard_timeout)
+        except Exception as exc:
+            raise SummarizerError(
+                f"summariser model {self.model!r} failed after {attempts} attempt(s): {_describe(exc)}"
+            ) from exc
         usage = getattr(response, "usage", None)
         prompt_tokens = _as_int(getattr(usage, "prompt_tokens", 0))
         completion_tokens = _as_int(getattr(usage, "completion_tokens", 0))

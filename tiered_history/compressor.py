@@ -1,0 +1,340 @@
+"""``HistoryCompressor``: the async API bots call on every reply.
+
+Every method hands its call to the reply path (:class:`~tiered_history.service.ReplyPath`,
+synchronous): on the event loop when the store never waits (``memory://``), on the store's
+thread pool when it may. The blocking twin (:mod:`.sync`) calls the same reply path directly,
+so the two faces share every line of logic; a test checks their methods, signatures and docs match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
+
+from .core.budget import escalation_budget
+from .maintenance import Maintenance, MaintenanceReport
+from .models import (
+    CompressedContext,
+    ConversationInfo,
+    ConversationStats,
+    History,
+    SearchHit,
+    StoredMessage,
+    Summary,
+)
+from .service import STORE_THREADS, ReplyPath, build
+from .settings import Settings
+from .store.aio import AsyncStore
+from .store.base import Store
+from .summarizers import Summarizer
+from .summarizers.pipeline import Limits, SummaryPipeline
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class BaseCompressor:
+    """What both faces share: settings, the store, the reply path, maintenance."""
+
+    def __init__(
+        self,
+        target: str | sa.Engine | Store | None = None,
+        *,
+        settings: Settings | None = None,
+        summarizer: Summarizer | Mapping[str, Any] | None = None,
+        **overrides: Any,
+    ) -> None:
+        parts = build(target, settings, summarizer, overrides)
+        s = self.settings = parts.settings
+        self.counter = parts.counter
+        self.summarizer: Summarizer = parts.summarizer
+        self.fallback = parts.fallback
+        self.reply = ReplyPath(s, parts.counter, parts.store)
+        threads = 1 if getattr(parts.store, "single_connection", False) else STORE_THREADS
+        self.store = AsyncStore(parts.store, threads)
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        plan = escalation_budget(
+            s.context_budget,
+            s.tiers.topic_summaries,
+            s.tiers.bulk_archives,
+            s.topic_summary_tokens,
+            s.bulk_summary_tokens,
+            s.bulk_merge_size,
+        )
+        limits = Limits(
+            topic_target=plan.topic_target,
+            archive_target=plan.bulk_target,
+            timeout=s.summarizer.timeout,
+            deadline=s.summarizer.deadline,
+            max_attempts=s.summary_max_attempts,
+            retry_backoff_seconds=s.retry_backoff_seconds,
+        )
+        self.pipeline = SummaryPipeline(parts.counter, self.summarizer, limits, self.fallback)
+        self.maintenance = Maintenance(
+            self.store,
+            self.pipeline,
+            self.reply.rules_for,
+            self.reply.plan_for,
+            worker_id=self.worker_id,
+            lease_seconds=s.lease_seconds,
+            max_attempts=s.summary_max_attempts,
+            retry_backoff_seconds=s.retry_backoff_seconds,
+            merge_size=s.bulk_merge_size,
+        )
+        self._initialized = False
+        self._background: Any = None
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        summarizer: Summarizer | Mapping[str, Any] | None = None,
+        **overrides: Any,
+    ) -> Self:
+        """A compressor on the database at ``url`` (see the class docstring)."""
+        return cls(url, settings=settings, summarizer=summarizer, **overrides)
+
+    @property
+    def sync_store(self) -> Store:
+        """The store itself (its synchronous methods)."""
+        return self.reply.store
+
+    def default_max_tokens(self) -> int:
+        """The model's input window minus ``reserve_output_tokens``, else ``context_budget``."""
+        return self.reply.default_max_tokens()
+
+
+class HistoryCompressor(BaseCompressor):
+    """Stores conversations and answers ``get_context`` within a token budget (async).
+
+    ``target`` is a database URL (``sqlite:///history.db``, ``sqlite://``,
+    ``postgresql://user@host/db``, ``memory://``), a SQLAlchemy ``Engine`` you own
+    (it is not disposed on close) or a store object.
+    """
+
+    def __init__(
+        self,
+        target: str | sa.Engine | Store | None = None,
+        *,
+        settings: Settings | None = None,
+        summarizer: Summarizer | Mapping[str, Any] | None = None,
+        **overrides: Any,
+    ) -> None:
+        super().__init__(target, settings=settings, summarizer=summarizer, **overrides)
+        self._init_lock = asyncio.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def initialize(self) -> None:
+        """Create or upgrade the schema (runs the Alembic migrations). Called on first use."""
+        async with self._init_lock:
+            if not self._initialized:
+                await self.store.initialize()
+                self._initialized = True
+
+    async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        if not self._initialized:
+            await self.initialize()
+        return await self.store.run(fn, *args, **kwargs)
+
+    async def close(self) -> None:
+        """Stop the background job and close the store (an Engine you passed stays open)."""
+        await self.stop_background()
+        await self.store.close()
+        self.store.shutdown()
+
+    async def __aenter__(self) -> Self:
+        await self.initialize()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- the reply path ------------------------------------------------------------------------
+
+    async def add_message(
+        self,
+        conversation_id: str,
+        message: object,
+        *,
+        platform: str | None = None,
+        channel: str | None = None,
+        user_id: str | None = None,
+    ) -> StoredMessage:
+        """Store one message exactly as given (an OpenAI-format dict, a litellm or OpenAI SDK
+        message, any pydantic model with ``model_dump()``), with its exact token count. Seals the
+        open topic first when a boundary rule says so. ``platform``, ``channel`` and ``user_id``
+        describe where it comes from (kept on the conversation, for :meth:`list_conversations`)."""
+        reply = self.reply
+        stored, sealed = await self._run(
+            reply.add_message, conversation_id, message, platform=platform, channel=channel, user_id=user_id
+        )
+        if sealed and self.settings.summarize_inline:
+            await self.maintain(conversation_id)
+        return stored
+
+    async def add_messages(
+        self,
+        conversation_id: str,
+        messages: Sequence[object],
+        *,
+        platform: str | None = None,
+        channel: str | None = None,
+        user_id: str | None = None,
+    ) -> list[StoredMessage]:
+        """Store a batch in order, in one transaction: all of them, or (one invalid) none."""
+        reply = self.reply
+        stored, sealed = await self._run(
+            reply.add_messages, conversation_id, messages, platform=platform, channel=channel, user_id=user_id
+        )
+        if sealed and self.settings.summarize_inline:
+            await self.maintain(conversation_id)
+        return stored
+
+    async def pin(
+        self,
+        conversation_id: str,
+        message: object,
+        *,
+        key: str | None = None,
+        platform: str | None = None,
+        channel: str | None = None,
+    ) -> StoredMessage:
+        """Store ``message`` (a string is a system message) pinned: always sent first, never cut or
+        summarised. Pinning again under the same ``key`` replaces it in the context; the earlier
+        message stays stored. A bot that pins its system prompt with ``key="system"`` on every
+        start keeps exactly one."""
+        return await self._run(
+            self.reply.pin, conversation_id, message, key=key, platform=platform, channel=channel
+        )
+
+    async def unpin(self, conversation_id: str, key: str) -> bool:
+        """Take pin ``key`` out of the context (its message stays stored). False if there is none."""
+        return await self._run(self.reply.unpin, conversation_id, key)
+
+    async def get_context(
+        self, conversation_id: str, max_tokens: int | None = None, *, query: str | None = None
+    ) -> CompressedContext:
+        """What to send to the model: never more than ``max_tokens`` tokens, framing included.
+
+        Without ``max_tokens``: the model's input window minus ``reserve_output_tokens`` when the
+        ``model`` setting names a known model, else ``context_budget``. What is recalled from
+        earlier in the conversation matches the newest user message, or ``query`` when given."""
+        if max_tokens is None:
+            # Reading the model's window may load litellm's tables: keep it off the event loop.
+            max_tokens = await asyncio.to_thread(self.reply.default_max_tokens)
+        return await self._run(self.reply.get_context, conversation_id, max_tokens, query)
+
+    async def seal_current_topic(self, conversation_id: str) -> Summary | None:
+        """Close the open topic now; it is summarised by the next ``maintain()``."""
+        sealed = await self._run(self.reply.seal_current_topic, conversation_id)
+        if sealed is not None and self.settings.summarize_inline:
+            await self.maintain(conversation_id)
+        return sealed
+
+    async def get_history(self, conversation_id: str) -> History:
+        """Every message, topic summary and archive (dropped ones included)."""
+        return await self._run(self.reply.get_history, conversation_id)
+
+    async def get_messages(
+        self, conversation_id: str, first: int = 1, last: int | None = None
+    ) -> list[StoredMessage]:
+        """Stored messages with ``first <= sequence <= last`` (default: to the newest), oldest first."""
+        return await self._run(self.reply.get_messages, conversation_id, first, last)
+
+    async def search(self, conversation_id: str, text: str, limit: int = 20) -> list[SearchHit]:
+        """Stored messages matching ``text``, best first: BM25 over its words (a piece like
+        ``NEEDLE-4711`` is a phrase), newest first on equal scores; text with no word at all is
+        matched literally. Each hit carries its topic and the summary that represents it now."""
+        return await self._run(self.reply.search, conversation_id, text, limit)
+
+    async def exists(self, conversation_id: str) -> bool:
+        """True once a message was stored for ``conversation_id``."""
+        return await self._run(self.reply.exists, conversation_id)
+
+    async def stats(self, conversation_id: str | None = None) -> list[ConversationStats]:
+        """Tier usage, compressions and summariser spend per conversation."""
+        return await self._run(self.reply.stats, conversation_id)
+
+    async def conversation_ids(self) -> list[str]:
+        """Every stored conversation id."""
+        return await self._run(self.reply.conversation_ids)
+
+    async def list_conversations(
+        self,
+        *,
+        platform: str | None = None,
+        channel: str | None = None,
+        user_id: str | None = None,
+        active_since: datetime | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[ConversationInfo]:
+        """Conversations in id order (after ``after``), filtered by platform, channel, user and activity."""
+        return await self._run(
+            self.reply.list_conversations,
+            platform=platform,
+            channel=channel,
+            user_id=user_id,
+            active_since=active_since,
+            after=after,
+            limit=limit,
+        )
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Remove every row of a conversation (messages, summaries, archives, index entries, lease)
+        in one transaction, for privacy requests. False if it did not exist."""
+        return await self._run(self.reply.delete_conversation, conversation_id)
+
+    async def fork(
+        self, conversation_id: str, new_id: str, at_sequence: int | None = None
+    ) -> ConversationInfo:
+        """A new conversation ``new_id`` with this one's messages up to ``at_sequence`` (default: all)
+        and the summaries of the topics that end by then (for retry and edit flows)."""
+        return await self._run(self.reply.fork, conversation_id, new_id, at_sequence)
+
+    # -- background work -----------------------------------------------------------------------
+
+    async def maintain(
+        self, conversation_id: str | None = None, now: datetime | None = None
+    ) -> MaintenanceReport:
+        """Do all pending compression work now: seal silent topics, summarise, merge, drop, retry.
+
+        Safe to run from many workers at once: each conversation is leased to one of them.
+        """
+        if conversation_id is not None:
+            await self._run(self.reply.require, conversation_id)
+        elif not self._initialized:
+            await self.initialize()
+        return await self.maintenance.run(conversation_id, now)
+
+    async def start_background(self, interval_seconds: float | None = None) -> None:
+        """Run ``maintain()`` every ``maintenance_interval_seconds`` inside this event loop."""
+        from .scheduler import BackgroundMaintenance
+
+        if self._background is None:
+            if not self._initialized:
+                await self.initialize()
+            self._background = BackgroundMaintenance(
+                self, interval_seconds or self.settings.maintenance_interval_seconds
+            )
+            self._background.start()
+
+    async def stop_background(self) -> None:
+        """Stop the background job (a pass in progress finishes first)."""
+        if self._background is not None:
+            await self._background.stop()
+            self._background = None

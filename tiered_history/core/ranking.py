@@ -1,0 +1,159 @@
+"""Words, queries and BM25: how text is matched and ranked, the same way on every backend.
+
+A word is a run of letters and digits, lowercased (``NEEDLE-4711`` is ``needle`` ``4711``;
+diacritics are kept: ``zürich`` is not ``zurich``). SQLite's FTS5 (``unicode61
+remove_diacritics 0``) and PostgreSQL's ``simple`` configuration over the text with every
+other character made a space produce exactly these words, so the in-memory store, SQLite and
+PostgreSQL match the same messages.
+
+User text becomes a :class:`Query`: each whitespace-separated piece is a word, or a phrase
+when it holds several (``a_b``, ``NEEDLE-4711``); a message matches when it holds any of them,
+and ranks by Okapi BM25 (k1 = 1.2, b = 0.75), newest first on equal scores. Text with no word
+at all (``%``) is searched literally. Query syntax of the engines never reaches them: every
+word is quoted, so operators, quotes, ``NEAR``, ``*`` and ``-`` are just text.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+_WORD_RE = re.compile(r"[^\W_]+")
+K1 = 1.2
+B = 0.75
+#: Words in one query at most: a recall query keeps the rarest-looking ones.
+MAX_QUERY_WORDS = 24
+
+# Words that say nothing about what a message is about (a recall query drops them).
+_STOPWORD_TEXT = """
+a about above after again against all am an and any are as at be because been before being below between
+both but by can could did do does doing don done down during each few for from further had has have having
+he her here hers herself him himself his how i if in into is it its itself just let me more most my myself
+no nor not now of off on once only or other our ours ourselves out over own same she should so some such
+than that the their theirs them themselves then there these they this those through to too under until up
+very was we were what when where which while who whom why will with would you your yours yourself
+yourselves s t d ll m o re ve y ok okay yes yeah yep nope hi hello hey thanks thank please um uh oh ah
+hmm mm mhm like well really also get got go going know think want need say said tell told see
+"""
+STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+
+
+def words(text: str) -> list[str]:
+    """The words of ``text``, in order (letters and digits, lowercased)."""
+    return _WORD_RE.findall(text.lower())
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What to look for: word groups (each a word or a phrase) or, failing any word, literal text."""
+
+    groups: tuple[tuple[str, ...], ...] = ()
+    literal: str | None = None
+    weights: tuple[float, ...] = ()
+    """Per group (same order), how much a match counts; empty: all 1."""
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """Every distinct word of the query, in order."""
+        return tuple(dict.fromkeys(w for g in self.groups for w in g))
+
+    @property
+    def empty(self) -> bool:
+        return not self.groups and not self.literal
+
+    def weight(self, i: int) -> float:
+        return self.weights[i] if i < len(self.weights) else 1.0
+
+
+def parse_query(text: str) -> Query:
+    """User text as a query (see the module docstring)."""
+    groups: list[tuple[str, ...]] = []
+    for piece in text.split():
+        found = tuple(words(piece))
+        if found and found not in groups:
+            groups.append(found)
+    if not groups:
+        literal = text.strip()
+        return Query(literal=literal) if literal else Query()
+    return Query(tuple(groups[:MAX_QUERY_WORDS]))
+
+
+def recall_query(newest: str, context: Iterable[str] = (), context_weight: float = 0.35) -> Query:
+    """The query a context recalls for: the newest user message's words, then (weighted less) the
+    recent words of the open topic. Stopwords and one-letter words are left out."""
+    groups: list[tuple[str, ...]] = []
+    weights: list[float] = []
+    for text, weight in [(newest, 1.0)] + [(t, context_weight) for t in context]:
+        for w in words(text):
+            if len(w) < 2 or w in STOPWORDS or (w,) in groups:
+                continue
+            groups.append((w,))
+            weights.append(weight)
+            if len(groups) >= MAX_QUERY_WORDS:
+                return Query(tuple(groups), weights=tuple(weights))
+    return Query(tuple(groups), weights=tuple(weights))
+
+
+#: Floor of a word's inverse document frequency (SQLite FTS5's): a word in half the documents or
+#: more says next to nothing about which one is meant.
+IDF_FLOOR = 1e-6
+
+
+def idf(n_docs: int, df: int) -> float:
+    """BM25's inverse document frequency, as SQLite FTS5 computes it (so every backend ranks alike):
+    ``ln((N - n + 0.5) / (n + 0.5))``, at least ``IDF_FLOOR``."""
+    return max(math.log((n_docs - df + 0.5) / (df + 0.5)), IDF_FLOOR)
+
+
+def bm25_term(tf: int, df: int, n_docs: int, length: float, avg_length: float) -> float:
+    """One word's contribution to a document's score."""
+    if tf <= 0:
+        return 0.0
+    norm = K1 * (1.0 - B + B * length / max(avg_length, 1e-9))
+    return idf(n_docs, df) * tf * (K1 + 1.0) / (tf + norm)
+
+
+def phrase_count(doc: Sequence[str], phrase: Sequence[str]) -> int:
+    """How often ``phrase`` occurs in ``doc`` (a list of words) as adjacent words."""
+    if len(phrase) == 1:
+        return doc.count(phrase[0])
+    n = len(phrase)
+    return sum(1 for i in range(len(doc) - n + 1) if tuple(doc[i : i + n]) == tuple(phrase))
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    key: int
+    """The document's key (a message's sequence or a summary's id)."""
+    score: float
+    recency: int
+    """Higher is newer (the tie-break)."""
+
+
+def rank(docs: Sequence[tuple[int, int, Sequence[str]]], query: Query, limit: int) -> list[Scored]:
+    """BM25 over ``docs`` = (key, recency, words), best first; a phrase counts as one term.
+
+    Statistics (number of documents, average length, document frequencies) are those of ``docs``.
+    """
+    if not docs or not query.groups:
+        return []
+    avg = sum(len(d) for _, _, d in docs) / len(docs)
+    counts = [[phrase_count(d, g) for g in query.groups] for _, _, d in docs]
+    df = [sum(1 for row in counts if row[i]) for i in range(len(query.groups))]
+    out = []
+    for (key, recency, doc), row in zip(docs, counts, strict=True):
+        if not any(row):
+            continue
+        score = sum(
+            query.weight(i) * bm25_term(tf, df[i], len(docs), len(doc), avg) for i, tf in enumerate(row) if tf
+        )
+        out.append(Scored(key, score, recency))
+    out.sort(key=lambda s: (-s.score, -s.recency))
+    return out[:limit]
+
+
+def term_frequencies(doc: Sequence[str]) -> Counter[str]:
+    return Counter(doc)

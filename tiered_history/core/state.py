@@ -1,0 +1,456 @@
+"""A conversation's persisted state, and the writes a transition asks a store to make. Pure data.
+
+The state is what every rule needs to decide the next step without reading history: the open
+topic's size and time span (kept incrementally, so a seal costs the same whatever the topic's
+length), the tool calls still awaiting results, counters, pins and the boundary detector's
+memory. Stores keep it as one opaque JSON document next to a few columns they index
+(``due_at`` and the lease), so a new rule never needs a schema change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+#: ``due_at`` of a conversation whose maintenance work is due now, whatever clock asks.
+DUE_NOW = datetime(1970, 1, 1, tzinfo=UTC)
+#: How many of the newest messages the state remembers one by one (for cuts a few messages back).
+RECENT = 8
+#: Platform user ids remembered per conversation.
+MAX_USERS = 64
+
+
+def _ts(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def _dt(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Aggregate of a run of consecutive messages.
+
+    ``tokens`` and ``source`` count unpinned messages only (pinned ones are always sent on
+    their own); ``messages`` and the time span count every message.
+    """
+
+    messages: int = 0
+    tokens: int = 0
+    """Framed tokens as the messages appear in a context."""
+    source: int = 0
+    """Framed tokens of the full original messages."""
+    first_at: datetime | None = None
+    last_at: datetime | None = None
+
+    def add(self, tokens: int, source: int, pinned: bool, at: datetime) -> Span:
+        return Span(
+            self.messages + 1,
+            self.tokens + (0 if pinned else tokens),
+            self.source + (0 if pinned else source),
+            at if self.first_at is None or at < self.first_at else self.first_at,
+            at if self.last_at is None or at > self.last_at else self.last_at,
+        )
+
+    def plus(self, other: Span) -> Span:
+        firsts = [t for t in (self.first_at, other.first_at) if t is not None]
+        lasts = [t for t in (self.last_at, other.last_at) if t is not None]
+        return Span(
+            self.messages + other.messages,
+            self.tokens + other.tokens,
+            self.source + other.source,
+            min(firsts) if firsts else None,
+            max(lasts) if lasts else None,
+        )
+
+    def to_json(self) -> list[Any]:
+        return [self.messages, self.tokens, self.source, _ts(self.first_at), _ts(self.last_at)]
+
+    @classmethod
+    def from_json(cls, v: Sequence[Any]) -> Span:
+        return cls(int(v[0]), int(v[1]), int(v[2]), _dt(v[3]), _dt(v[4]))
+
+
+EMPTY = Span()
+
+
+@dataclass(frozen=True, slots=True)
+class Recent:
+    """One of the newest messages of the open topic."""
+
+    sequence: int
+    own: Span
+    """This message alone."""
+    upto: Span
+    """The open topic from its start up to and including this message."""
+    clean: bool
+    """No tool call is awaiting its result after this message: a topic may end here."""
+
+    def to_json(self) -> list[Any]:
+        return [self.sequence, self.own.to_json(), self.upto.to_json(), self.clean]
+
+    @classmethod
+    def from_json(cls, v: Sequence[Any]) -> Recent:
+        return cls(int(v[0]), Span.from_json(v[1]), Span.from_json(v[2]), bool(v[3]))
+
+
+@dataclass(frozen=True, slots=True)
+class SealInfo:
+    """The topic sealed last, remembered so the next messages can reopen it."""
+
+    ordinal: int
+    first: int
+    last: int
+    span: Span
+    reason: str
+
+    def to_json(self) -> list[Any]:
+        return [self.ordinal, self.first, self.last, self.span.to_json(), self.reason]
+
+    @classmethod
+    def from_json(cls, v: Sequence[Any] | None) -> SealInfo | None:
+        return None if v is None else cls(int(v[0]), int(v[1]), int(v[2]), Span.from_json(v[3]), str(v[4]))
+
+
+@dataclass(frozen=True, slots=True)
+class WindowMark:
+    """Where the verbatim window starts, as chosen at the conversation's last event.
+
+    The start of a context only changes at an event (a seal, a summary, a merge or a roll-up, a
+    pin), so a provider's prompt cache keeps hitting between events.
+    """
+
+    start: int
+    """Sequence of the window's first message."""
+    budget: int
+    """The ``max_tokens`` it was chosen for."""
+    epoch: int
+    """The conversation's event count when it was chosen."""
+    shown: tuple[int, ...] = ()
+    """Ids of the archives and topic summaries shown beside it: they stay until the start moves
+    (a summary merged meanwhile still says what it said; the archive replacing it waits)."""
+
+    def to_json(self) -> list[Any]:
+        return [self.start, self.budget, self.epoch, list(self.shown)]
+
+    @classmethod
+    def from_json(cls, v: Sequence[Any] | None) -> WindowMark | None:
+        if v is None:
+            return None
+        return cls(int(v[0]), int(v[1]), int(v[2]), tuple(int(i) for i in (v[3] if len(v) > 3 else ())))
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationState:
+    """Everything a rule needs to know about one conversation, as of ``version``."""
+
+    id: str
+    version: int = 0
+    """Bumped by every write; stores apply a write only if the version is still the one it read."""
+    platform: str | None = None
+    encoding: str = ""
+    """Tokenizer encoding every stored token count of this conversation was made with."""
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    last_sequence: int = 0
+    last_message_at: datetime | None = None
+    topic_start_seq: int = 1
+    open: Span = EMPTY
+    """The open topic: messages ``topic_start_seq..last_sequence``."""
+    open_tool_calls: tuple[str, ...] = ()
+    last_clean_seq: int = 0
+    """The last sequence a seal may end at: never between a tool call and its results."""
+    clean: Span = EMPTY
+    """The open topic up to ``last_clean_seq``."""
+    tail: Span = EMPTY
+    """The open topic after ``last_clean_seq``."""
+    recent: tuple[Recent, ...] = ()
+    detector: str | None = None
+    """The boundary detector's memory (its own JSON)."""
+    last_seal: SealInfo | None = None
+    topic_count: int = 0
+    archive_count: int = 0
+    summarized_upto: int = 0
+    """Messages up to here are represented by summaries (a contiguous prefix)."""
+    topics_merged_upto: int = 0
+    """Topic ordinals up to here are merged into archives (merges take the oldest first)."""
+    archives_dropped_upto: int = 0
+    compressions: int = 0
+    pins: tuple[tuple[str, int], ...] = ()
+    """Active pinned messages: (key, sequence), in pinning order."""
+    budget: int | None = None
+    """The ``max_tokens`` this conversation was last read with."""
+    epoch: int = 0
+    """Events so far (seals, summaries, merges, roll-ups, pins): what may change a context's start."""
+    window: WindowMark | None = None
+    context_tokens: int = 0
+    """Context tokens of every unpinned message so far: a message's position is what came before it."""
+    words: int = 0
+    """Words (:func:`~tiered_history.core.ranking.words`) of every message so far, for BM25's average."""
+    channel: str | None = None
+    """Where the conversation happens on its platform (a channel, thread or chat id)."""
+    users: tuple[str, ...] = ()
+    """Ids of the platform users who wrote in it, first seen first (at most :data:`MAX_USERS`)."""
+    needs_maintenance: bool = False
+    next_retry_at: datetime | None = None
+    silence_due_at: datetime | None = None
+    """When the open topic becomes silent enough for maintenance to seal it (None: never)."""
+    # Lease columns: written by claim/renew/release only, never by a transition.
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+
+    # -- names kept from the first schema (tests and tools read them) --------------------------
+
+    @property
+    def open_topic_messages(self) -> int:
+        return self.open.messages
+
+    @property
+    def open_topic_tokens(self) -> int:
+        return self.open.tokens
+
+    @property
+    def pinned_sequences(self) -> tuple[int, ...]:
+        return tuple(seq for _, seq in self.pins)
+
+    @property
+    def due_at(self) -> datetime | None:
+        """When maintenance has work here: now, a retry time, or the silence deadline."""
+        times = []
+        if self.needs_maintenance:
+            times.append(self.next_retry_at or DUE_NOW)
+        if self.silence_due_at is not None:
+            times.append(self.silence_due_at)
+        return min(times) if times else None
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def body(self) -> str:
+        """The JSON document a store keeps for this state (everything but the columns)."""
+        return json.dumps(
+            {
+                "last": self.last_sequence,
+                "last_at": _ts(self.last_message_at),
+                "start": self.topic_start_seq,
+                "open": self.open.to_json(),
+                "calls": list(self.open_tool_calls),
+                "clean_seq": self.last_clean_seq,
+                "clean": self.clean.to_json(),
+                "tail": self.tail.to_json(),
+                "recent": [r.to_json() for r in self.recent],
+                "detector": self.detector,
+                "last_seal": self.last_seal.to_json() if self.last_seal else None,
+                "topics": self.topic_count,
+                "archives": self.archive_count,
+                "summarized": self.summarized_upto,
+                "merged": self.topics_merged_upto,
+                "dropped": self.archives_dropped_upto,
+                "compressions": self.compressions,
+                "pins": [list(p) for p in self.pins],
+                "budget": self.budget,
+                "ctx_tokens": self.context_tokens,
+                "epoch": self.epoch,
+                "window": self.window.to_json() if self.window else None,
+                "words": self.words,
+                "channel": self.channel,
+                "users": list(self.users),
+                "maint": self.needs_maintenance,
+                "retry_at": _ts(self.next_retry_at),
+                "silence_at": _ts(self.silence_due_at),
+            },
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_row(
+        cls,
+        *,
+        id: str,
+        version: int,
+        platform: str | None,
+        encoding: str,
+        created_at: datetime | None,
+        updated_at: datetime | None,
+        body: str | Mapping[str, Any],
+        lease_owner: str | None = None,
+        lease_expires_at: datetime | None = None,
+    ) -> ConversationState:
+        d: Mapping[str, Any] = json.loads(body) if isinstance(body, str) else body
+        return cls(
+            id=id,
+            version=version,
+            platform=platform,
+            encoding=encoding,
+            created_at=created_at,
+            updated_at=updated_at,
+            last_sequence=d["last"],
+            last_message_at=_dt(d["last_at"]),
+            topic_start_seq=d["start"],
+            open=Span.from_json(d["open"]),
+            open_tool_calls=tuple(d["calls"]),
+            last_clean_seq=d["clean_seq"],
+            clean=Span.from_json(d["clean"]),
+            tail=Span.from_json(d["tail"]),
+            recent=tuple(Recent.from_json(r) for r in d["recent"]),
+            detector=d["detector"],
+            last_seal=SealInfo.from_json(d.get("last_seal")),
+            topic_count=d["topics"],
+            archive_count=d["archives"],
+            summarized_upto=d["summarized"],
+            topics_merged_upto=d["merged"],
+            archives_dropped_upto=d["dropped"],
+            compressions=d["compressions"],
+            pins=tuple((str(k), int(s)) for k, s in d["pins"]),
+            budget=d["budget"],
+            context_tokens=d.get("ctx_tokens", 0),
+            epoch=d.get("epoch", 0),
+            window=WindowMark.from_json(d.get("window")),
+            words=d.get("words", 0),
+            channel=d.get("channel"),
+            users=tuple(d.get("users", ())),
+            needs_maintenance=d["maint"],
+            next_retry_at=_dt(d["retry_at"]),
+            silence_due_at=_dt(d["silence_at"]),
+            lease_owner=lease_owner,
+            lease_expires_at=lease_expires_at,
+        )
+
+    def bumped(self, **changes: Any) -> ConversationState:
+        """This state with ``changes`` and the next version."""
+        return replace(self, version=self.version + 1, **changes)
+
+
+# -- writes ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message row to insert. ``wire`` is the message as sent to the model minus ``content``
+    when that is a plain string (kept in ``content``); None when only ``role`` is left."""
+
+    sequence: int
+    role: str
+    content: str
+    """The message text: its string content, or the text of its content parts (for search)."""
+    wire: dict[str, Any] | None
+    timestamp: datetime
+    token_count: int
+    full_token_count: int
+    pinned: bool = False
+    pin_key: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+SummaryKind = str  # "topic" | "bulk"
+
+
+@dataclass(frozen=True, slots=True)
+class NewSummary:
+    """A topic (pending until summarised) or an archive to insert."""
+
+    kind: SummaryKind
+    ordinal: int
+    first_sequence: int
+    last_sequence: int
+    started_at: datetime
+    ended_at: datetime
+    status: str
+    created_at: datetime
+    source_tokens: int
+    level: int = 0
+    content: str = ""
+    rendered: str = ""
+    token_count: int = 0
+    sealed_at: datetime | None = None
+    sealed_reason: str | None = None
+    summarizer: str | None = None
+    model: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    latency_ms: float = 0.0
+    attempts: int = 0
+    next_attempt_at: datetime | None = None
+    last_error: str | None = None
+    parent: NewRef | int | None = None
+    """The archive that merged it: an existing row, or one inserted earlier in the same commit."""
+    dropped_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewRef:
+    """The id of the ``index``-th summary inserted by the same commit (known only once inserted)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryUpdate:
+    """Change one summary row, only if it still matches the guard.
+
+    ``required``: when the guard does not match, the whole commit is abandoned (another worker
+    got there first); otherwise the update is skipped quietly.
+    """
+
+    id: int
+    """The row's id (0 when ``ordinal`` names it instead)."""
+    values: Mapping[str, Any]
+    """Columns to set. ``parent_id`` may be a :class:`NewRef`. ``prompt_tokens``,
+    ``completion_tokens`` and ``cost`` are *added* to what the row holds (spend accumulates)."""
+    expect_status: str | None = None
+    expect_attempts: int | None = None
+    expect_unmerged: bool = False
+    expect_not_pending: bool = False
+    expect_undropped: bool = False
+    required: bool = True
+    ordinal: int | None = None
+    """Name the row by its topic ordinal instead of its id (a topic sealed before its id was known)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Writes:
+    """Everything one transition writes, applied atomically with the new state."""
+
+    state: ConversationState
+    messages: tuple[NewMessage, ...] = ()
+    summaries: tuple[NewSummary, ...] = ()
+    updates: tuple[SummaryUpdate, ...] = ()
+    create: bool = False
+    """Insert the conversation row (the first message of a new conversation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """What must still hold when a commit is applied."""
+
+    version: int | None
+    """The state version the transition was computed from (None: the row must not exist yet)."""
+    lease_owner: str | None = None
+    """Maintenance writes: this worker must still hold the conversation's lease."""
+
+
+class Outcome(Enum):
+    COMMITTED = "committed"
+    VERSION_CONFLICT = "version"
+    """The state changed since it was read: read it again and recompute."""
+    ROW_CONFLICT = "row"
+    """A guarded summary row changed (another worker wrote it): the transition is moot."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    outcome: Outcome
+    summary_ids: tuple[int, ...] = field(default=())
+    """Ids of the inserted summaries, in ``Writes.summaries`` order."""
+    writes: Writes | None = None
+    """What was written (None: nothing, because the plan had nothing to do or a guard failed)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.COMMITTED

@@ -1,0 +1,712 @@
+"""State transitions: given a conversation's state (and the rows a step works on), the writes to make.
+
+Every rule about what sealing, summarising, merging and dropping do to a conversation lives
+here, as pure functions. Stores only apply the returned :class:`~.state.Writes` atomically,
+under the guard the caller passes (the state version it started from, and for maintenance the
+lease), so a backend needs to know no domain rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from ..errors import InvalidMessageError
+from ..models import StoredMessage, Summary
+from .boundaries import UNSEAL, BoundaryRules, OpenTopic, decide
+from .boundaries import Incoming as Seen
+from .state import (
+    EMPTY,
+    MAX_USERS,
+    RECENT,
+    ConversationState,
+    NewMessage,
+    NewRef,
+    NewSummary,
+    Recent,
+    SealInfo,
+    Span,
+    SummaryUpdate,
+    Writes,
+)
+
+MANUAL = "manual"
+SILENCE = "silence"
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A validated message with its token counts, ready to be appended."""
+
+    role: str
+    content: str
+    """Its text (string content, or the text of its content parts)."""
+    wire: dict[str, Any] | None
+    """The message as sent to the model, minus ``role`` and a string ``content``."""
+    timestamp: datetime
+    token_count: int
+    full_token_count: int
+    pinned: bool = False
+    pin_key: str | None = None
+    tool_call_ids: tuple[str, ...] = ()
+    tool_call_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    reply_to: int | None = None
+    """Sequence of the earlier message this one replies to, when the platform says so."""
+    words: int = 0
+    """How many words its text has (for search statistics)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    writes: Writes
+    sequence: int
+    sealed: NewSummary | None
+
+
+# -- sealing ---------------------------------------------------------------------------------------
+
+
+def _rebase(recent: Sequence[Recent], cut: int) -> tuple[Recent, ...]:
+    """The remembered messages after ``cut``, their running spans restarted at the new topic."""
+    out: list[Recent] = []
+    running = EMPTY
+    for r in recent:
+        if r.sequence <= cut:
+            continue
+        running = running.plus(r.own)
+        out.append(replace(r, upto=running))
+    return tuple(out)
+
+
+def _span_after(recent: Sequence[Recent], after: int, upto: int | None = None) -> Span:
+    """The remembered messages with ``after < sequence <= upto``, added up."""
+    total = EMPTY
+    for r in recent:
+        if r.sequence > after and (upto is None or r.sequence <= upto):
+            total = total.plus(r.own)
+    return total
+
+
+def seal(
+    state: ConversationState, reason: str, now: datetime, keep: int = 0
+) -> tuple[ConversationState, NewSummary | None]:
+    """Close the open topic, leaving its ``keep`` newest messages open (they begin the next topic).
+
+    The cut never falls between a tool call and its results: it moves to the nearest earlier
+    place where no call awaits its result. Constant time: the open topic's size and time span
+    are kept in the state, and the newest messages one by one. The new topic is pending
+    (summarised later); the returned state is not yet bumped (callers bump once per write).
+    """
+    cut, sealed = state.last_clean_seq, state.clean
+    if not state.open_tool_calls:
+        cut, sealed = state.last_sequence, state.open
+    if keep > 0:
+        # A cut a few messages back (where the talk turned): at a remembered clean message.
+        wanted = state.last_sequence - keep
+        spot = next((r for r in reversed(state.recent) if r.sequence <= wanted and r.clean), None)
+        if spot is not None and spot.sequence >= state.topic_start_seq:
+            cut, sealed = spot.sequence, spot.upto
+    if cut < state.topic_start_seq or sealed.first_at is None or sealed.last_at is None:
+        return state, None
+    topic = NewSummary(
+        kind="topic",
+        ordinal=state.topic_count + 1,
+        first_sequence=state.topic_start_seq,
+        last_sequence=cut,
+        started_at=sealed.first_at,
+        ended_at=sealed.last_at,
+        status="pending",
+        created_at=now,
+        source_tokens=sealed.source,
+        sealed_at=now,
+        sealed_reason=reason,
+    )
+    if cut == state.last_sequence:
+        rest, clean, tail = EMPTY, EMPTY, EMPTY
+    elif cut == state.last_clean_seq:
+        rest, clean, tail = state.tail, EMPTY, state.tail
+    else:
+        rest = _span_after(state.recent, cut)
+        if state.open_tool_calls:
+            clean, tail = _span_after(state.recent, cut, state.last_clean_seq), state.tail
+        else:
+            clean, tail = rest, EMPTY
+    after = replace(
+        state,
+        topic_count=topic.ordinal,
+        topic_start_seq=cut + 1,
+        open=rest,
+        clean=clean,
+        tail=tail,
+        last_clean_seq=max(cut, state.last_clean_seq) if cut != state.last_sequence else cut,
+        recent=_rebase(state.recent, cut),
+        needs_maintenance=True,
+        next_retry_at=None,
+        updated_at=now,
+        last_seal=SealInfo(topic.ordinal, topic.first_sequence, cut, sealed, reason),
+    )
+    return after, topic
+
+
+def unseal(state: ConversationState, now: datetime) -> tuple[ConversationState, SummaryUpdate | None]:
+    """Reopen the topic sealed last (the talk went back to it): its messages join the open topic.
+
+    Its row stays, marked ``superseded`` (its summary too, if it has one: nothing is lost); a
+    topic already merged into an archive is not reopened.
+    """
+    last = state.last_seal
+    if last is None or last.ordinal <= state.topics_merged_upto or last.last != state.topic_start_seq - 1:
+        return state, None
+    opened = last.span.plus(state.open)
+    if state.open_tool_calls:
+        clean, tail = last.span.plus(state.clean), state.tail
+    else:
+        clean, tail = opened, EMPTY
+    after = replace(
+        state,
+        topic_start_seq=last.first,
+        open=opened,
+        clean=clean,
+        tail=tail,
+        recent=tuple(replace(r, upto=last.span.plus(r.upto)) for r in state.recent),
+        summarized_upto=min(state.summarized_upto, last.first - 1),
+        last_seal=None,
+        updated_at=now,
+    )
+    update = SummaryUpdate(0, {"status": "superseded"}, ordinal=last.ordinal, required=False)
+    return after, update
+
+
+def _open_topic(state: ConversationState) -> OpenTopic:
+    return OpenTopic(
+        messages=state.open.messages,
+        tokens=state.open.tokens,
+        last_timestamp=state.last_message_at,
+        tool_call_open=bool(state.open_tool_calls),
+        start=state.topic_start_seq,
+        detector=state.detector,
+        last_seal_start=state.last_seal.first if state.last_seal is not None else None,
+    )
+
+
+def silence_deadline(state: ConversationState, rules: BoundaryRules) -> datetime | None:
+    """When maintenance may seal the open topic for silence (None: it may not)."""
+    if not rules.temporal or not state.open.messages or state.last_message_at is None:
+        return None
+    if state.open.tokens < rules.min_tokens:
+        return None
+    return state.last_message_at + rules.silence
+
+
+# -- appending -------------------------------------------------------------------------------------
+
+
+def new_state(conversation_id: str, platform: str | None, encoding: str, now: datetime) -> ConversationState:
+    return ConversationState(
+        id=conversation_id,
+        version=0,
+        platform=platform,
+        encoding=encoding,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a message comes from on its platform (recorded on the conversation)."""
+
+    platform: str | None = None
+    channel: str | None = None
+    user_id: str | None = None
+
+    def applied(self, state: ConversationState) -> ConversationState:
+        """``state`` with what it did not know yet (the first platform and channel given win)."""
+        users = state.users
+        if self.user_id is not None and self.user_id not in users and len(users) < MAX_USERS:
+            users = (*users, self.user_id)
+        return replace(
+            state,
+            platform=state.platform or self.platform,
+            channel=state.channel or self.channel,
+            users=users,
+        )
+
+
+def append(
+    state: ConversationState | None,
+    conversation_id: str,
+    message: Incoming,
+    rules: BoundaryRules,
+    *,
+    platform: str | None,
+    encoding: str,
+    now: datetime,
+    origin: Origin | None = None,
+) -> Appended:
+    """Store ``message`` with the next sequence, sealing the open topic first if a rule says so.
+
+    Raises :class:`InvalidMessageError` for a tool result that answers no open call.
+    """
+    create = state is None
+    before = new_state(conversation_id, platform, encoding, now) if state is None else state
+    calls = list(before.open_tool_calls)
+    if message.role == "tool" and message.tool_call_id not in calls:
+        raise InvalidMessageError(
+            f"tool result {message.tool_call_id!r} answers no open tool call in this conversation "
+            "(add the assistant message with the matching tool_calls first)"
+        )
+    m = message
+    verdict = decide(
+        rules,
+        _open_topic(before),
+        Seen(
+            role=m.role,
+            text=m.content,
+            timestamp=m.timestamp,
+            tokens=m.token_count,
+            tool_call=bool(m.tool_call_ids),
+            pinned=m.pinned,
+            reply_to=m.reply_to,
+        ),
+    )
+    before = replace(before, detector=verdict.detector)
+    updates: tuple[SummaryUpdate, ...] = ()
+    sealed: NewSummary | None = None
+    if verdict.reason == UNSEAL:
+        cur, reopened = unseal(before, now)
+        updates = (reopened,) if reopened is not None else ()
+    elif verdict.reason is not None:
+        cur, sealed = seal(before, verdict.reason, now, verdict.keep)
+    else:
+        cur = before
+
+    seq = cur.last_sequence + 1
+    own = EMPTY.add(m.token_count, m.full_token_count, m.pinned, m.timestamp)
+    opened = cur.open.plus(own)
+    if m.tool_call_ids:
+        calls = list(m.tool_call_ids)
+    elif m.role == "tool":
+        calls.remove(str(m.tool_call_id))
+    elif not m.pinned:
+        calls = []  # a new turn abandons calls that never got results; a pinned instruction is no turn
+    if not calls:
+        last_clean, clean, tail = seq, opened, EMPTY
+    elif m.tool_call_ids:
+        # The call opens a unit that must stay whole: a seal may end just before it.
+        last_clean, clean, tail = seq - 1, cur.open, own
+    else:
+        last_clean, clean, tail = cur.last_clean_seq, cur.clean, cur.tail.plus(own)
+    recent = (*cur.recent, Recent(seq, own, opened, not calls))[-RECENT:]
+    pins = cur.pins
+    if m.pinned:
+        key = m.pin_key or f"#{seq}"
+        pins = (*((k, s) for k, s in pins if k != key), (key, seq))
+    last_at = cur.last_message_at
+    if origin is not None:
+        cur = origin.applied(cur)
+    if sealed is not None or updates or m.pinned:
+        cur = replace(cur, epoch=cur.epoch + 1)  # an event: the context's start may change now
+    after = cur.bumped(
+        platform=cur.platform or platform,
+        updated_at=now,
+        last_sequence=seq,
+        last_message_at=m.timestamp if last_at is None or m.timestamp > last_at else last_at,
+        open=opened,
+        open_tool_calls=tuple(calls),
+        last_clean_seq=last_clean,
+        clean=clean,
+        tail=tail,
+        recent=recent,
+        pins=pins,
+        context_tokens=cur.context_tokens + (0 if m.pinned else m.token_count),
+        words=cur.words + m.words,
+    )
+    after = replace(after, silence_due_at=silence_deadline(after, rules))
+    row = NewMessage(
+        sequence=seq,
+        role=m.role,
+        content=m.content,
+        wire=m.wire,
+        timestamp=m.timestamp,
+        token_count=m.token_count,
+        full_token_count=m.full_token_count,
+        pinned=m.pinned,
+        pin_key=(m.pin_key or f"#{seq}") if m.pinned else None,
+        metadata=m.metadata or None,
+    )
+    return Appended(
+        Writes(after, messages=(row,), summaries=(sealed,) if sealed else (), updates=updates, create=create),
+        seq,
+        sealed,
+    )
+
+
+def append_all(
+    state: ConversationState | None,
+    conversation_id: str,
+    messages: Sequence[Incoming],
+    rules: BoundaryRules,
+    *,
+    platform: str | None,
+    encoding: str,
+    now: datetime,
+    origin: Origin | None = None,
+) -> Writes:
+    """Every message appended in order, as one write (all or nothing); seals happen as they would one
+    by one. Raises :class:`InvalidMessageError` naming the first message that cannot be stored."""
+    rows: list[NewMessage] = []
+    sealed: list[NewSummary] = []
+    updates: list[SummaryUpdate] = []
+    cur = state
+    for i, m in enumerate(messages):
+        try:
+            done = append(
+                cur, conversation_id, m, rules, platform=platform, encoding=encoding, now=now, origin=origin
+            )
+        except InvalidMessageError as exc:
+            raise InvalidMessageError(f"message {i} of the batch: {exc}") from None
+        rows.extend(done.writes.messages)
+        sealed.extend(done.writes.summaries)
+        updates.extend(done.writes.updates)
+        cur = done.writes.state
+    assert cur is not None
+    base = 0 if state is None else state.version
+    return Writes(
+        replace(cur, version=base + 1), tuple(rows), tuple(sealed), tuple(updates), create=state is None
+    )
+
+
+def unpin(state: ConversationState, key: str, now: datetime) -> Writes | None:
+    """Take the pinned message under ``key`` out of the context (it stays stored); None if none is."""
+    pins = tuple((k, s) for k, s in state.pins if k != key)
+    if len(pins) == len(state.pins):
+        return None
+    return Writes(state.bumped(pins=pins, epoch=state.epoch + 1, updated_at=now))
+
+
+def seal_now(
+    state: ConversationState, rules: BoundaryRules, reason: str, now: datetime
+) -> tuple[Writes, NewSummary] | None:
+    """Close the open topic on request (``manual``) or for silence; None when nothing can be sealed."""
+    after, topic = seal(state, reason, now)
+    if topic is None:
+        return None
+    after = replace(after.bumped(epoch=after.epoch + 1), silence_due_at=silence_deadline(after, rules))
+    return Writes(after, summaries=(topic,)), topic
+
+
+def seal_if_silent(
+    state: ConversationState, rules: BoundaryRules, now: datetime
+) -> tuple[Writes, NewSummary] | None:
+    """Seal the open topic when its newest message is older than the silence rule allows."""
+    if not rules.temporal or not state.open.messages or state.last_message_at is None:
+        return None
+    if state.open.tokens < rules.min_tokens or state.last_message_at >= now - rules.silence:
+        return None
+    return seal_now(state, rules, SILENCE, now)
+
+
+# -- maintenance -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryWrite:
+    """The outcome of summarising one topic or merging several summaries into an archive."""
+
+    content: str
+    rendered: str
+    token_count: int
+    status: str
+    summarizer: str
+    model: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    latency_ms: float = 0.0
+    next_attempt_at: datetime | None = None
+    last_error: str | None = None
+    extra: dict[str, object] | None = None
+
+
+def due_topics(topics: Sequence[Summary], now: datetime, max_attempts: int) -> list[Summary]:
+    """Pending topics, and provisional ones due for another attempt, oldest first."""
+    return [
+        t
+        for t in topics
+        if t.merged_into is None
+        and (
+            t.status == "pending"
+            or (
+                t.status == "provisional"
+                and t.attempts < max_attempts
+                and (t.next_attempt_at is None or t.next_attempt_at <= now)
+            )
+        )
+    ]
+
+
+def next_retry(topics: Sequence[Summary], max_attempts: int) -> datetime | None:
+    """When the earliest provisional summary is due for another attempt."""
+    times = [
+        t.next_attempt_at
+        for t in topics
+        if t.status == "provisional"
+        and t.merged_into is None
+        and t.attempts < max_attempts
+        and t.next_attempt_at is not None
+    ]
+    return min(times) if times else None
+
+
+def active_topics(topics: Sequence[Summary]) -> list[Summary]:
+    """Summarised topics not merged into an archive (nor reopened), oldest first."""
+    return [t for t in topics if t.merged_into is None and t.status not in ("pending", "superseded")]
+
+
+def active_archives(archives: Sequence[Summary]) -> list[Summary]:
+    """Archives not rolled up into a coarser one, in timeline order (a roll-up, written later,
+    covers earlier messages than the archives written before it)."""
+    live = [a for a in archives if a.dropped_at is None and a.merged_into is None]
+    return sorted(live, key=lambda a: a.first_sequence)
+
+
+def record_summary(state: ConversationState, topic: Summary, write: SummaryWrite, now: datetime) -> Writes:
+    """Save ``write`` as ``topic``'s summary, once (the row must still be as it was read)."""
+    update = SummaryUpdate(
+        topic.id,
+        {
+            "content": write.content,
+            "rendered": write.rendered,
+            "token_count": write.token_count,
+            "status": write.status,
+            "summarizer": write.summarizer,
+            "model": write.model,
+            "prompt_tokens": write.prompt_tokens,
+            "completion_tokens": write.completion_tokens,
+            "cost": write.cost,
+            "latency_ms": write.latency_ms,
+            "attempts": topic.attempts + 1,
+            "next_attempt_at": write.next_attempt_at,
+            "last_error": write.last_error,
+        },
+        expect_status=topic.status,
+        expect_attempts=topic.attempts,
+        expect_unmerged=True,
+    )
+    # Advance only over a contiguous prefix, so no range is ever skipped.
+    upto = topic.last_sequence if state.summarized_upto == topic.first_sequence - 1 else state.summarized_upto
+    after = state.bumped(
+        summarized_upto=upto,
+        compressions=state.compressions + (topic.status == "pending"),
+        epoch=state.epoch + 1,
+        updated_at=now,
+    )
+    return Writes(after, updates=(update,))
+
+
+def record_archive(
+    state: ConversationState, topics: Sequence[Summary], write: SummaryWrite, now: datetime
+) -> Writes:
+    """Merge ``topics`` (or archives: a roll-up), oldest first and consecutive, into a new archive;
+    each must still be unmerged."""
+    archive = NewSummary(
+        kind="bulk",
+        ordinal=state.archive_count + 1,
+        first_sequence=topics[0].first_sequence,
+        last_sequence=topics[-1].last_sequence,
+        started_at=min(t.started_at for t in topics),
+        ended_at=max(t.ended_at for t in topics),
+        status=write.status,
+        created_at=now,
+        source_tokens=sum(t.source_tokens for t in topics),
+        level=1 + max(t.level for t in topics),
+        content=write.content,
+        rendered=write.rendered,
+        token_count=write.token_count,
+        sealed_at=now,
+        summarizer=write.summarizer,
+        model=write.model,
+        prompt_tokens=write.prompt_tokens,
+        completion_tokens=write.completion_tokens,
+        cost=write.cost,
+        latency_ms=write.latency_ms,
+        attempts=1,
+    )
+    updates = tuple(
+        SummaryUpdate(t.id, {"parent_id": NewRef(0)}, expect_unmerged=True, expect_not_pending=True)
+        for t in topics
+    )
+    merged_topics = [t.sequence for t in topics if t.tier == "topic"]
+    after = state.bumped(
+        archive_count=archive.ordinal,
+        topics_merged_upto=max([state.topics_merged_upto, *merged_topics]),
+        compressions=state.compressions + 1,
+        epoch=state.epoch + 1,
+        updated_at=now,
+    )
+    return Writes(after, summaries=(archive,), updates=updates)
+
+
+def drop_archives(state: ConversationState, archives: Sequence[Summary], now: datetime) -> Writes:
+    """Take the given (oldest) archives out of the context; they stay stored."""
+    updates = tuple(
+        SummaryUpdate(a.id, {"dropped_at": now}, expect_undropped=True, required=False) for a in archives
+    )
+    after = state.bumped(
+        archives_dropped_upto=max(a.sequence for a in archives),
+        updated_at=now,
+    )
+    return Writes(after, updates=updates)
+
+
+def finish(
+    state: ConversationState, rules: BoundaryRules, retry_at: datetime | None, now: datetime
+) -> ConversationState:
+    """The state after a maintenance pass: work left (a topic sealed meanwhile, a retry) stays due."""
+    pending = state.summarized_upto < state.topic_start_seq - 1
+    return replace(
+        state.bumped(
+            needs_maintenance=pending or retry_at is not None,
+            next_retry_at=None if pending else retry_at,
+            updated_at=now,
+        ),
+        silence_due_at=silence_deadline(state, rules),
+    )
+
+
+def retry_later(
+    state: ConversationState, rules: BoundaryRules, delay: timedelta, now: datetime
+) -> ConversationState:
+    """The state after a failed maintenance pass: everything is retried after ``delay``."""
+    return replace(
+        state.bumped(needs_maintenance=True, next_retry_at=now + delay, updated_at=now),
+        silence_due_at=silence_deadline(state, rules),
+    )
+
+
+# -- branching -------------------------------------------------------------------------------------
+
+
+def fork(
+    source: ConversationState,
+    new_id: str,
+    messages: Sequence[StoredMessage],
+    summaries: Sequence[Summary],
+    at: int,
+    rules: BoundaryRules,
+    now: datetime,
+) -> Writes:
+    """A new conversation holding ``source``'s messages up to ``at`` and the summaries of the topics
+    (and archives) that end by then: a branch for retry and edit flows. Nothing of ``source`` changes.
+
+    ``messages`` are the source's messages up to ``at`` (pinned ones included); ``summaries`` every
+    topic and archive of the source.
+    """
+    kept = [s for s in summaries if s.last_sequence <= at]
+    topics = sorted((s for s in kept if s.tier == "topic"), key=lambda s: s.sequence)
+    archives = sorted((s for s in kept if s.tier != "topic"), key=lambda s: (-s.level, s.sequence))
+    # Parents first, so every child can name the row its archive became.
+    order = archives + topics
+    index = {s.id: i for i, s in enumerate(order)}
+    rows = tuple(
+        NewSummary(
+            kind="topic" if s.tier == "topic" else "bulk",
+            ordinal=s.sequence,
+            first_sequence=s.first_sequence,
+            last_sequence=s.last_sequence,
+            started_at=s.started_at,
+            ended_at=s.ended_at,
+            status=s.status,
+            created_at=s.created_at or now,
+            source_tokens=s.source_tokens,
+            level=s.level,
+            content=s.content,
+            rendered=s.rendered,
+            token_count=s.token_count,
+            sealed_at=s.sealed_at,
+            sealed_reason=s.sealed_reason,
+            summarizer=s.summarizer,
+            model=s.model,
+            attempts=s.attempts,
+            next_attempt_at=s.next_attempt_at,
+            last_error=s.last_error,
+            parent=NewRef(index[s.merged_into]) if s.merged_into in index else None,
+            dropped_at=s.dropped_at,
+        )
+        for s in order
+    )
+    start = max((t.last_sequence for t in topics), default=0) + 1
+    summarized = 0
+    for t in topics:  # the contiguous prefix of summarised topics
+        if t.status == "pending" or t.first_sequence != summarized + 1:
+            break
+        summarized = t.last_sequence
+    state = replace(
+        new_state(new_id, source.platform, source.encoding, now),
+        channel=source.channel,
+        users=source.users,
+        last_sequence=start - 1,
+        topic_start_seq=start,
+        last_clean_seq=start - 1,
+        topic_count=len(topics),
+        archive_count=len(archives),
+        summarized_upto=summarized,
+        topics_merged_upto=max((t.sequence for t in topics if t.merged_into is not None), default=0),
+        archives_dropped_upto=max((a.sequence for a in archives if a.dropped_at is not None), default=0),
+        compressions=sum(t.status != "pending" for t in topics) + len(archives),
+        pins=tuple((k, q) for k, q in source.pins if q <= at),
+        needs_maintenance=any(t.status == "pending" for t in topics),
+    )
+    # The open topic is rebuilt by appending its messages again (no rule runs: no seal).
+    quiet = replace(rules, explicit=False, temporal=False, size=False)
+    cur = state
+    for m in messages:
+        if m.sequence < start:
+            cur = replace(cur, last_message_at=max(cur.last_message_at or m.timestamp, m.timestamp))
+            continue
+        incoming = Incoming(
+            role=m.role,
+            content=m.content,
+            wire=None,
+            timestamp=m.timestamp,
+            token_count=m.token_count,
+            full_token_count=m.full_token_count,
+            pinned=m.pinned,
+            tool_call_ids=tuple(str(c.get("id")) for c in m.tool_calls or ()),
+            tool_call_id=m.tool_call_id,
+        )
+        cur = append(
+            cur, new_id, incoming, quiet, platform=None, encoding=source.encoding, now=now
+        ).writes.state
+    rows_messages = tuple(
+        NewMessage(
+            sequence=m.sequence,
+            role=m.role,
+            content=m.content,
+            wire=_wire_of(m),
+            timestamp=m.timestamp,
+            token_count=m.token_count,
+            full_token_count=m.full_token_count,
+            pinned=m.pinned,
+            pin_key=m.pin_key,
+            metadata=dict(m.metadata) or None,
+        )
+        for m in messages
+    )
+    final = replace(cur, version=1, pins=state.pins, silence_due_at=silence_deadline(cur, rules))
+    return Writes(final, rows_messages, rows, create=True)
+
+
+def _wire_of(m: StoredMessage) -> dict[str, Any] | None:
+    wire: dict[str, Any] = dict(m.extra or {})
+    if m.name is not None:
+        wire["name"] = m.name
+    if m.tool_calls is not None:
+        wire["tool_calls"] = m.tool_calls
+    if m.tool_call_id is not None:
+        wire["tool_call_id"] = m.tool_call_id
+    return wire or None

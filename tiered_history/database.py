@@ -1,0 +1,54 @@
+"""Schema migrations for a database URL, and URLs shown with their password masked.
+
+The library migrates on first use; these functions are for operators (``tiered-history db``).
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigurationError
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages, logs and JSON output)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        # Not a URL SQLAlchemy can parse: mask anything between "://user:" and "@".
+        import re
+
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def schema_revision(url: str) -> tuple[str | None, str]:
+    """(the database's schema revision or None if it has no schema, the newest revision)."""
+    before, _, head = _migrate(url, upgrade=False)
+    return before, head
+
+
+def upgrade_schema(url: str) -> tuple[str | None, str | None, str]:
+    """Create or migrate the schema to the newest revision: (revision before, after, newest)."""
+    return _migrate(url, upgrade=True)
+
+
+def _migrate(url: str, upgrade: bool) -> tuple[str | None, str | None, str]:
+    if url.startswith("memory://"):
+        raise ConfigurationError("memory:// keeps no schema")
+    from sqlalchemy import exc
+
+    from .store import migrate
+    from .store.dialect import create_engine, translate
+
+    head = migrate.head_revision()
+    engine = create_engine(url)
+    try:
+        before = migrate.current_revision(engine)
+        if not upgrade:
+            return before, before, head
+        migrate.upgrade(engine)
+        return before, migrate.current_revision(engine), head
+    except exc.SQLAlchemyError as e:
+        raise translate(e, "migrating the schema" if upgrade else "reading the schema revision") from None
+    finally:
+        engine.dispose()

@@ -1,0 +1,227 @@
+"""Background compression: seal silent topics, summarise, merge into archives, drop, retry.
+
+One pass claims the conversations whose work is due (a lease per conversation, so many workers
+can share a database), and for each runs the steps the core plans, committing each step's
+writes under the lease and the version it was planned from. A write that lost a race with a
+reply is planned again from the new state; the summariser's answer is not asked for again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .core import escalation, transitions
+from .core.boundaries import BoundaryRules
+from .core.budget import EscalationBudget, topic_target
+from .core.state import ConversationState, Outcome, Writes
+from .models import Summary
+from .store.aio import AsyncStore
+from .store.base import LeaseLostError
+from .summarizers.pipeline import SummaryPipeline
+
+log = logging.getLogger("tiered_history")
+
+#: Conversations claimed per round of a pass.
+BATCH = 16
+
+
+@dataclass
+class MaintenanceReport:
+    """What one ``maintain()`` call did."""
+
+    conversations: int = 0
+    sealed: int = 0
+    summarized: int = 0
+    provisional: int = 0
+    merged: int = 0
+    rolled_up: int = 0
+    """Archives rolled up into coarser ones (the oldest parts: the timeline stays represented)."""
+    dropped: int = 0
+    lease_lost: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Maintenance:
+    """Runs maintenance passes for one compressor (one worker id)."""
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        pipeline: SummaryPipeline,
+        rules: Callable[[ConversationState], BoundaryRules],
+        plan: Callable[[ConversationState], EscalationBudget],
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        max_attempts: int,
+        retry_backoff_seconds: float,
+        merge_size: int,
+    ) -> None:
+        self.store = store
+        self.pipeline = pipeline
+        self.rules = rules
+        self.plan = plan
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self.max_attempts = max_attempts
+        self.retry_backoff = timedelta(seconds=retry_backoff_seconds)
+        self.merge_size = merge_size
+
+    async def run(self, conversation_id: str | None = None, now: datetime | None = None) -> MaintenanceReport:
+        """One pass over every conversation with work due (or just ``conversation_id``)."""
+        report = MaintenanceReport()
+        after: str | None = None  # a pass walks the conversations with work once, in id order
+        while True:
+            at = now or datetime.now(UTC)
+            claimed = await self.store.claim(
+                self.worker_id, at, self.lease_seconds, BATCH, after=after, conversation_id=conversation_id
+            )
+            for cid in claimed:
+                report.conversations += 1
+                await self._compact(cid, at, report)
+            if conversation_id is not None or not claimed:
+                return report
+            # Conversations that still have work (a topic that cannot be sealed yet, say) stay
+            # behind the cursor: they cannot crowd out the ones not visited yet in this pass.
+            after = claimed[-1]
+
+    # -- one conversation ------------------------------------------------------------------------
+
+    async def _commit(
+        self, cid: str, state: ConversationState, plan: Callable[[ConversationState], Writes | None]
+    ) -> tuple[ConversationState, bool]:
+        """Apply ``plan`` to the conversation's current state, locked, under the lease.
+
+        Maintenance never loses a race to the replies arriving meanwhile: the store runs the plan on
+        the state as it is when the lock is taken. Returns the state after and whether anything was
+        written (False: nothing to do, or a guarded summary row changed meanwhile).
+        """
+
+        def locked(current: ConversationState | None) -> Writes | None:
+            if current is None:
+                raise LeaseLostError(cid)  # deleted meanwhile
+            return plan(current)
+
+        done = await self.store.update(cid, locked, self.worker_id)
+        if done.writes is not None and done.outcome is Outcome.COMMITTED:
+            return done.writes.state, True
+        fresh = await self.store.state(cid)
+        return (fresh or state), False
+
+    async def _compact(self, cid: str, now: datetime, report: MaintenanceReport) -> None:
+        owner = self.worker_id
+        state = await self.store.state(cid)
+        if state is None:
+            return
+        rules = self.rules(state)
+        try:
+            state, sealed = await self._commit(
+                cid, state, lambda s: _first(transitions.seal_if_silent(s, rules, now))
+            )
+            report.sealed += sealed
+            plan = self.plan(state)
+            topics = await self.store.read_summaries(cid, "topic", state.topics_merged_upto)
+            for topic in transitions.due_topics(topics, now, self.max_attempts):
+                await self._renew(cid)
+                messages = await self.store.read_messages(cid, topic.first_sequence, topic.last_sequence)
+                unpinned = [m for m in messages if not m.pinned]
+                target = topic_target(plan, sum(m.full_token_count for m in unpinned))
+                write = await self.pipeline.summarize_topic(topic, unpinned, now, target)
+                state, saved = await self._commit(
+                    cid, state, _planned(transitions.record_summary, topic, write, now)
+                )
+                if saved:
+                    report.summarized += 1
+                    report.provisional += write.status == "provisional"
+            # Read the active summaries once; each merge removes its group (a backlog stays linear).
+            active = transitions.active_topics(
+                await self.store.read_summaries(cid, "topic", state.topics_merged_upto)
+            )
+            # Only the summaries the context shows beside the verbatim window count against the
+            # topic share: those of topics the window still holds word for word cost nothing yet.
+            mark = state.window
+            active = escalation.beside_window(
+                active, state.open.tokens, plan.window_share, mark.start if mark is not None else None
+            )
+            report.merged += await self._merge(cid, state, active, plan.topic_share, plan.bulk_target, now)
+            state = await self.store.state(cid) or state
+            archives = transitions.active_archives(await self.store.read_summaries(cid, "bulk"))
+            report.rolled_up += await self._merge(cid, state, archives, plan.bulk_share, plan.bulk_share, now)
+            state = await self.store.state(cid) or state
+            topics = await self.store.read_summaries(cid, "topic", state.topics_merged_upto)
+            retry_at = transitions.next_retry(topics, self.max_attempts)
+            await self._commit(cid, state, lambda s: Writes(transitions.finish(s, rules, retry_at, now)))
+        except asyncio.CancelledError:
+            # Give the conversation back now rather than when the lease expires.
+            await asyncio.shield(self.store.release(owner, cid))
+            raise
+        except LeaseLostError:
+            report.lease_lost += 1
+            log.warning("lease on %s was taken over by another worker; stopping this pass", cid)
+            return
+        except Exception as exc:
+            # Keep other conversations going; the work stays due and is retried after a pause.
+            log.exception("maintenance of %s failed", cid)
+            report.errors.append(f"{cid}: {exc}")
+            try:
+                fresh = await self.store.state(cid)
+                if fresh is not None:
+                    await self._commit(
+                        cid,
+                        fresh,
+                        lambda s: Writes(transitions.retry_later(s, rules, self.retry_backoff, now)),
+                    )
+            except Exception:
+                log.exception("could not schedule a retry for %s", cid)
+        await self.store.release(owner, cid)
+
+    async def _merge(
+        self,
+        cid: str,
+        state: ConversationState,
+        active: list[Summary],
+        share: int,
+        target: int,
+        now: datetime,
+    ) -> int:
+        """Merge the oldest summaries (topics into an archive, or archives into a coarser one) while
+        they exceed ``share``; returns how many merges were saved."""
+        rollup = bool(active) and active[0].tier != "topic"
+        items = [escalation.Item(t.id, t.token_count) for t in active]
+        by_id = {t.id: t for t in active}
+        if rollup:
+            whole = escalation.next_rollup(items, share)
+            plan = [whole] if whole else []
+        else:
+            plan = escalation.merge_plan(items, share, self.merge_size, self.merge_size)
+        merges = 0
+        for ids in plan:
+            group = [by_id[i] for i in ids]
+            await self._renew(cid)
+            write = await self.pipeline.merge(group, target)
+            state, saved = await self._commit(
+                cid, state, _planned(transitions.record_archive, group, write, now)
+            )
+            if not saved:
+                break
+            merges += 1
+        return merges
+
+    async def _renew(self, cid: str) -> None:
+        until = datetime.now(UTC) + timedelta(seconds=self.lease_seconds)
+        if not await self.store.renew(self.worker_id, cid, until):
+            raise LeaseLostError(cid)
+
+
+def _first(pair: tuple[Writes, object] | None) -> Writes | None:
+    return None if pair is None else pair[0]
+
+
+def _planned(step: Callable[..., Writes], *args: Any) -> Callable[[ConversationState], Writes]:
+    """``step(state, *args)`` as a plan the commit loop can run again on a newer state."""
+    return lambda state: step(state, *args)
