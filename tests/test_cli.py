@@ -282,7 +282,8 @@ def test_add_context_history_seal_maintain_search(db: str) -> None:
     hist = as_json(db, "history", "c1")
     assert len(hist["topics"]) == 1 and hist["topics"][0]["status"] == "final"
     ctx = as_json(db, "context", "c1", "--max-tokens", "500")
-    assert ctx["counts"]["historical_topics"] == 1
+    # The sealed topic still fits whole: its messages are sent verbatim, not its summary.
+    assert ctx["counts"]["historical_topics"] == 0 and ctx["counts"]["current_topic"] == 2
 
     found = as_json(db, "search", "c1", "kyoto", "--limit", "1")
     assert len(found) == 1 and found[0]["sequence"] == 3

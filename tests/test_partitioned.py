@@ -114,6 +114,10 @@ def test_rows_spread_over_partitions_and_each_statement_reads_one(pg_partitioned
         "after": 0,
         "pattern": "%message%",
         "upto": 2,
+        "tsq": "message",
+        "terms": ["message"],
+        "n": 10,
+        "avg": 5.0,
     }
     statements = {
         "pinned": q.pinned,
@@ -122,7 +126,9 @@ def test_rows_spread_over_partitions_and_each_statement_reads_one(pg_partitioned
         "summaries_live": q.summaries_live,
         "summaries_dropped": q.summaries_dropped,
         "summaries_all": q.summaries_all,
-        "search": q.search,
+        "search_literal": q.search_literal,
+        "search_messages": q.search_messages,
+        "search_summaries": q.search_summaries,
         "stats_messages": q.stats_messages,
         "stats_summaries": q.stats_summaries,
         "delete_messages": q.delete_messages,

@@ -596,7 +596,7 @@ def context(
 ) -> None:
     """Show what would be sent to the model now: every tier and the token split."""
     with _open(ctx) as compressor:
-        compressed = compressor.get_context(conversation_id, max_tokens)
+        compressed = compressor.get_context(conversation_id, max_tokens, record=False)
     if as_json:
         _print_json(_context_json(compressed))
     else:

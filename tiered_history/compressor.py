@@ -226,17 +226,24 @@ class HistoryCompressor(BaseCompressor):
         return await self._run(self.reply.unpin, conversation_id, key)
 
     async def get_context(
-        self, conversation_id: str, max_tokens: int | None = None, *, query: str | None = None
+        self,
+        conversation_id: str,
+        max_tokens: int | None = None,
+        *,
+        query: str | None = None,
+        record: bool = True,
     ) -> CompressedContext:
         """What to send to the model: never more than ``max_tokens`` tokens, framing included.
 
         Without ``max_tokens``: the model's input window minus ``reserve_output_tokens`` when the
         ``model`` setting names a known model, else ``context_budget``. What is recalled from
-        earlier in the conversation matches the newest user message, or ``query`` when given."""
+        earlier in the conversation matches the newest user message, or ``query`` when given.
+        ``record=False`` previews: the budget and the window's start are not recorded (topic sizes
+        and the cache-stable window follow the bot's own reads, not an operator's look)."""
         if max_tokens is None:
             # Reading the model's window may load litellm's tables: keep it off the event loop.
             max_tokens = await asyncio.to_thread(self.reply.default_max_tokens)
-        return await self._run(self.reply.get_context, conversation_id, max_tokens, query)
+        return await self._run(self.reply.get_context, conversation_id, max_tokens, query, record)
 
     async def seal_current_topic(self, conversation_id: str) -> Summary | None:
         """Close the open topic now; it is summarised by the next ``maintain()``."""

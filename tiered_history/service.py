@@ -560,7 +560,11 @@ class ReplyPath:
         raise StoreError(f"could not read conversation {conversation_id!r}: it kept changing")
 
     def get_context(
-        self, conversation_id: str, max_tokens: int | None = None, query: str | None = None
+        self,
+        conversation_id: str,
+        max_tokens: int | None = None,
+        query: str | None = None,
+        record: bool = True,
     ) -> CompressedContext:
         """What to send to the model: never more than ``max_tokens`` tokens, framing included."""
         validate_conversation_id(conversation_id)
@@ -571,7 +575,8 @@ class ReplyPath:
             validate_text_argument(query, "query", 10_000)
         snap = self.snapshot(conversation_id, max_tokens)
         ctx = self.assemble(conversation_id, max_tokens, snap, query)
-        self._remember(snap.state, max_tokens, ctx)
+        if record:
+            self._remember(snap.state, max_tokens, ctx)
         return ctx
 
     def _remember(self, state: ConversationState, max_tokens: int, ctx: CompressedContext) -> None:

@@ -158,9 +158,14 @@ class SyncHistoryCompressor(BaseCompressor):
         return self._ready().unpin(conversation_id, key)
 
     def get_context(
-        self, conversation_id: str, max_tokens: int | None = None, *, query: str | None = None
+        self,
+        conversation_id: str,
+        max_tokens: int | None = None,
+        *,
+        query: str | None = None,
+        record: bool = True,
     ) -> CompressedContext:
-        return self._ready().get_context(conversation_id, max_tokens, query)
+        return self._ready().get_context(conversation_id, max_tokens, query, record)
 
     def seal_current_topic(self, conversation_id: str) -> Summary | None:
         sealed = self._ready().seal_current_topic(conversation_id)

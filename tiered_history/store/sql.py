@@ -141,7 +141,7 @@ class Statements:
                     "sc AS (SELECT tf.id, sum(greatest(ln((:n - df.n + 0.5) / (df.n + 0.5)), 1e-6) "
                     "* tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * dl.dl / :avg))) AS score "
                     "FROM tf JOIN df USING (lexeme) JOIN dl USING (id) GROUP BY tf.id) "
-                    f"SELECT {cols}, sc.score FROM sc JOIN {table} x ON x.id = sc.id "
+                    f"SELECT {cols}, sc.score FROM sc JOIN {table} x ON x.conv = :conv AND x.id = sc.id "
                     f"ORDER BY sc.score DESC, {order} DESC LIMIT :lim"
                 )
 

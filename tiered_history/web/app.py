@@ -254,7 +254,7 @@ async def _context(app: Inspector, conversation_id: str, budget: int) -> tuple[v
     if not 1 <= budget <= MAX_BUDGET:
         return None, f"the budget must be between 1 and {MAX_BUDGET:,} tokens"
     try:
-        ctx = await app.compressor.get_context(conversation_id, budget)
+        ctx = await app.compressor.get_context(conversation_id, budget, record=False)
     except BudgetTooSmallError as exc:
         return None, str(exc)
     return views.context_view(ctx), ""
@@ -367,11 +367,7 @@ async def conversation(app: Inspector, request: Request) -> Response:
     )
     stats: ConversationStats = stats_list[0]
     line = views.timeline(topics, archives, stats.messages, TIMELINE_PAGE)
-    found = (
-        views.hits([h.message for h in await comp.search(cid, text, SEARCH_LIMIT)], text, topics)
-        if text
-        else None
-    )
+    found = views.hits(await comp.search(cid, text, SEARCH_LIMIT), text, topics) if text else None
     return app.page(
         request,
         "conversation.html",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import CompressedContext, StoredMessage, Summary
+from .. import CompressedContext, SearchHit, StoredMessage, Summary
 
 #: Tiers in the order the model reads them, with the labels the page shows.
 TIER_LABELS = {
@@ -374,9 +374,15 @@ def highlight(text: str, query: str, width: int = 480) -> list[tuple[str, bool]]
     return parts
 
 
-def hits(found: Sequence[StoredMessage], query: str, topics: Sequence[Summary]) -> list[Hit]:
+def hits(found: Sequence[SearchHit], query: str, topics: Sequence[Summary]) -> list[Hit]:
+    """Search results as rows; a hit's own topic wins over a lookup in ``topics``."""
     return [
-        Hit(message_item(m, "hit"), highlight(m.content, query), topic_of(m.sequence, topics)) for m in found
+        Hit(
+            message_item(h.message, "hit"),
+            highlight(h.content, query),
+            h.topic or topic_of(h.sequence, topics),
+        )
+        for h in found
     ]
 
 
