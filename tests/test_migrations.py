@@ -9,7 +9,6 @@ within budget, numbering that continues, maintenance that runs.
 from __future__ import annotations
 
 import json
-
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
