@@ -19,7 +19,14 @@ class CountingMaintainer:
 
     def __init__(self, hc: HistoryCompressor) -> None:
         self.hc = hc
-        self.totals = {"passes": 0, "summarized": 0, "merged": 0, "dropped": 0, "lease_lost": 0}
+        self.totals = {
+            "passes": 0,
+            "summarized": 0,
+            "merged": 0,
+            "rolled_up": 0,
+            "dropped": 0,
+            "lease_lost": 0,
+        }
         self.errors: list[str] = []
 
     async def maintain(self, conversation_id: str | None = None, now: Any = None) -> Any:
@@ -29,7 +36,7 @@ class CountingMaintainer:
             self.errors.append(repr(exc))
             raise
         self.totals["passes"] += 1
-        for key in ("summarized", "merged", "dropped", "lease_lost"):
+        for key in ("summarized", "merged", "rolled_up", "dropped", "lease_lost"):
             self.totals[key] += getattr(report, key)
         self.errors.extend(report.errors)
         return report

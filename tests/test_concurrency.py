@@ -148,7 +148,9 @@ async def _run(url: str, tmp_path: Path, *, writers: int, per_writer: int, worke
             mine = [s for s in stored if s.startswith(prefix) or s.startswith("New topic: " + prefix)]
             assert mine == [writer_text(w, i) for i in range(per_writer)], f"writer {w} reordered"
         summarized = sum(r["summarized"] for r in worked) + sum(r.summarized for r in parent)
-        merged = sum(r["merged"] for r in worked) + sum(r.merged for r in parent)
+        merged = sum(r["merged"] + r["rolled_up"] for r in worked) + sum(
+            r.merged + r.rolled_up for r in parent
+        )
         assert summarized == counts["topics"], "a topic was summarised twice (or never)"
         assert merged == counts["archives"]
         assert counts["topics"] >= writers * per_writer // 12, "too few topics: sealing was not exercised"

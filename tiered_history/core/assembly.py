@@ -296,18 +296,26 @@ def assemble(
     for i in range(len(units) - 1, -1, -1):
         suffix[i] = suffix[i + 1] + _cost(units[i])
 
+    # A window starts at a summarised range's first message or after its last: never inside one,
+    # where the summary and the messages it covers would both be sent, or neither.
+    ranges = [(x.first_sequence, x.last_sequence) for x in (*rows.topics, *rows.archives)]
+
+    def aligned(i: int) -> bool:
+        first = units[i][0].sequence
+        return not any(lo < first <= hi for lo, hi in ranges)
+
     def ranked(i: int) -> list[Summary]:
         """The topic summaries covering what comes before unit ``i``, most wanted first."""
         first = units[i][0].sequence
-        return _topic_priority([t for t in rows.topics if t.first_sequence < first])
+        return _topic_priority([t for t in rows.topics if t.last_sequence < first])
 
     def archives_before(i: int) -> _Block:
-        """The archives that start before unit ``i`` (a window that holds one whole needs none)."""
+        """The archives that end before unit ``i`` (the window holds the rest word for word)."""
         first = units[i][0].sequence
-        if all(a.first_sequence < first for a in all_archives.items):
+        if all(a.last_sequence < first for a in all_archives.items):
             return all_archives
         return _fill(
-            "bulk", [a for a in reversed(rows.archives) if a.first_sequence < first], bulk_limit, measure
+            "bulk", [a for a in reversed(rows.archives) if a.last_sequence < first], bulk_limit, measure
         )
 
     def stable(i: int) -> tuple[_Block, _Block]:
@@ -325,6 +333,8 @@ def assemble(
     # leave of theirs: it never grows over the summaries the topic tier has room to show (a
     # summary keeps more of a topic per token than its oldest messages word for word).
     at_share = next((i for i in range(len(units)) if suffix[i] <= alloc.current), len(units) - 1)
+    while at_share < len(units) - 1 and not aligned(at_share):
+        at_share += 1
     full = stable(at_share)
     limit = avail - reserve - full[0].tokens - full[1].tokens
     if not shares.redistribute:
@@ -355,7 +365,7 @@ def assemble(
             shares.redistribute,
         )
     step = max(int(limit * shares.anchor), 1)
-    chosen, (archives, topics) = _choose(units, step, stable, frozen, fits, rows, max_tokens)
+    chosen, (archives, topics) = _choose(units, step, stable, frozen, fits, aligned, rows, max_tokens)
     if chosen is None:
         # Not even the newest unit fits beside the stable blocks: the newest unit alone.
         chosen = len(units) - 1
@@ -408,10 +418,6 @@ def _relevance_layout(
     swapping the newest summaries back for their messages while they fit.
     """
     chosen = at_share
-    # A window holds summarised topics whole or not at all (their summaries stand for them).
-    for t in rows.topics:
-        while chosen < len(units) - 1 and t.first_sequence < units[chosen][0].sequence <= t.last_sequence:
-            chosen += 1
     if suffix[chosen] + archives.tokens > avail:
         archives = _Block("bulk")
     window = [m for u in units[chosen:] for m in u]
@@ -472,6 +478,7 @@ def _choose(
     stable: Callable[[int], tuple[_Block, _Block]],
     frozen: Callable[[], tuple[_Block, _Block]],
     fits: Callable[[int, tuple[_Block, _Block], int], bool],
+    aligned: Callable[[int], bool],
     rows: Rows,
     budget: int,
 ) -> tuple[int | None, tuple[_Block, _Block]]:
@@ -498,6 +505,8 @@ def _choose(
     fresh = mark is None or mark.budget != budget
     for room in (rows.growth, 0) if fresh else (max(rows.growth, step), rows.growth, 0):
         for i in range(first, len(units)):
+            if not aligned(i) and i < len(units) - 1:
+                continue
             blocks = stable(i)
             if fits(i, blocks, room):
                 return i, blocks
