@@ -360,14 +360,17 @@ async def test_ten_megabyte_message_is_rejected_over_max_content_chars(hc: Histo
     await assert_rejected(
         hc, cid, lambda: hc.add_message(cid, {"role": "user", "content": huge}), InvalidMessageError, match
     )
-    # Exactly at the limit is accepted, stored whole and shown head + tail in the context.
+    # Exactly at the limit is accepted and stored whole; the context cuts it (head + tail) only
+    # when it cannot fit its budget whole.
     at_limit = "y" * limit
     stored = await hc.add_message(cid, {"role": "user", "content": at_limit})
-    assert stored.sequence == 3 and stored.truncated_content is not None
+    assert stored.sequence == 3 and stored.truncated_content is None
     [m] = [m for m in (await hc.get_history(cid)).messages if m.sequence == 3]
     assert m.content == at_limit
     ctx = await hc.get_context(cid, 2000)
     assert ctx.total_tokens <= 2000
+    [newest] = [m for m in ctx.current_topic if m.sequence == 3]
+    assert newest.truncated_content is not None and len(newest.truncated_content) < limit
 
 
 async def test_message_object_with_naive_timestamp_cannot_even_be_built() -> None:
@@ -606,7 +609,7 @@ async def test_pinned_messages_larger_than_max_tokens(hc: HistoryCompressor) -> 
     await hc.add_message(cid, {"role": "system", "content": "Rule. " * 100, "pinned": True})
     await hc.add_message(cid, {"role": "user", "content": "hi"})
     await assert_rejected(
-        hc, cid, lambda: hc.get_context(cid, 64), BudgetTooSmallError, "pinned messages need"
+        hc, cid, lambda: hc.get_context(cid, 64), BudgetTooSmallError, "cannot hold the pinned messages"
     )
     ctx = await hc.get_context(cid, 1000)
     assert ctx.total_tokens <= 1000 and [m.sequence for m in ctx.current_topic] == [2]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import multiprocessing
 import os
 import random
@@ -87,7 +88,7 @@ async def check_invariants(
         )
         assert members, f"{cid}: archive {a.sequence} merges nothing (written twice?)"
         assert a.level == max(x.level for x in members) + 1, f"{cid}: archive {a.sequence} level"
-        for x, y in zip(members, members[1:], strict=False):
+        for x, y in itertools.pairwise(members):
             assert y.first_sequence == x.last_sequence + 1, f"{cid}: archive {a.sequence} has a gap"
         assert (a.first_sequence, a.last_sequence) == (members[0].first_sequence, members[-1].last_sequence)
         assert a.last_sequence <= n, f"{cid}: archive {a.sequence} covers missing messages"

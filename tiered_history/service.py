@@ -10,6 +10,7 @@ lives in :mod:`.maintenance`, summarising in :mod:`.summarizers.pipeline`.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -26,7 +27,13 @@ from .core.ranking import parse_query, recall_query, words
 from .core.render import item_line
 from .core.state import ConversationState, Guard, Outcome, WindowMark, Writes
 from .core.transitions import MANUAL, Incoming, Origin, append_all, fork, seal_now, unpin
-from .errors import ConfigurationError, ConversationNotFoundError, InvalidMessageError, StoreError
+from .errors import (
+    ConfigurationError,
+    ConversationNotFoundError,
+    InvalidMessageError,
+    StoreError,
+    TransientStoreError,
+)
 from .messages import normalize_message
 from .models import (
     NO_CONTENT,
@@ -60,6 +67,8 @@ REPLAN_SECONDS = 30.0
 STORE_THREADS = 8
 #: Conversation states remembered per compressor (the most recently used).
 STATE_CACHE = 4096
+
+log = logging.getLogger(__name__)
 
 
 #: BM25 score below which a hit is not recalled: matching only words that most messages share
@@ -589,7 +598,13 @@ class ReplyPath:
         if state.budget == max_tokens and mark == state.window:
             return
         after = state.bumped(budget=max_tokens, window=mark)
-        if self.store.commit(state.id, Guard(state.version), Writes(after)).ok:
+        try:
+            done = self.store.commit(state.id, Guard(state.version), Writes(after)).ok
+        except TransientStoreError as e:
+            # A busy database must not cost the reply its context: the next read records it.
+            log.info("not recording the window of %r now: %s", state.id, e)
+            return
+        if done:
             self.states.put(after)
 
     def assemble(
