@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 
 from ..compressor import HistoryCompressor
 from ..errors import ConversationNotFoundError
-from ..models import CompressedContext
+from ..models import CompressedContext, StoredMessage
 from ..sync import SyncHistoryCompressor
 
 Compressor: TypeAlias = HistoryCompressor | SyncHistoryCompressor
@@ -141,17 +141,23 @@ EMPTY_TOOL_RESULT = "(no output)"
 
 def context_entries(ctx: CompressedContext) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """``ctx.to_messages()``, each beside the adapter metadata of the message it came from and its
-    ``timestamp`` (summaries and archives: their end). A test checks the order is ``to_messages()``'s."""
-    entries = [
-        (m.to_openai(), {**(m.metadata.get(META_KEY) or {}), "timestamp": m.timestamp}) for m in ctx.pinned
-    ]
-    entries.extend(
-        (s.to_openai(), {"timestamp": s.ended_at}) for s in (*ctx.bulk_archives, *ctx.historical_topics)
-    )
-    entries.extend(
-        (m.to_openai(), {**(m.metadata.get(META_KEY) or {}), "timestamp": m.timestamp})
-        for m in (*ctx.recent_topics, *ctx.current_topic)
-    )
+    ``timestamp`` (a tier block or the recall note: its newest item's). A test checks the order is
+    ``to_messages()``'s."""
+
+    def entry(m: StoredMessage) -> tuple[dict[str, Any], dict[str, Any]]:
+        return m.to_openai(), {**(m.metadata.get(META_KEY) or {}), "timestamp": m.timestamp}
+
+    entries = [entry(m) for m in ctx.pinned]
+    for tier, items in (("bulk", ctx.bulk_archives), ("topic", ctx.historical_topics)):
+        if ctx.blocks.get(tier):
+            end = max((s.ended_at for s in items), default=None)
+            entries.append(({"role": "user", "content": ctx.blocks[tier]}, {"timestamp": end}))
+    entries.extend(entry(m) for m in ctx.current_topic[: ctx.recall_at])
+    if ctx.recall_note:
+        end = max((m.timestamp for m in ctx.recalled), default=None)
+        entries.append(({"role": "user", "content": ctx.recall_note}, {"timestamp": end}))
+        entries.extend(entry(m) for m in ctx.recalled)
+    entries.extend(entry(m) for m in ctx.current_topic[ctx.recall_at :])
     return entries
 
 
