@@ -25,7 +25,7 @@ from ..core import escalation
 from ..core.render import item_line, render_summary
 from ..core.transitions import SummaryWrite
 from ..models import StoredMessage, Summary
-from ..tokens import TokenCounter
+from ..tokens import TokenCounter, counter_for_encoding
 from .base import Spend, Summarizer, SummaryInput, SummaryPiece, spend_ledger
 from .extractive import ExtractiveSummarizer
 
@@ -105,6 +105,16 @@ class SummaryPipeline:
             last_error=error,
         )
         return charged(write, spent)
+
+    def in_encoding(
+        self, write: SummaryWrite, encoding: str, started_at: datetime, ended_at: datetime
+    ) -> SummaryWrite:
+        """``write`` with its token count in ``encoding``: the conversation's, when this worker's
+        ``model`` counts with another tokenizer (readers trust stored counts in their encoding)."""
+        if not encoding or encoding == self.counter.encoding_name or not write.rendered:
+            return write
+        tokens = counter_for_encoding(encoding).count(item_line(write.content, started_at, ended_at)) + 1
+        return replace(write, token_count=tokens)
 
     def acceptable(self, text: Any, limit: int) -> str | None:
         """Why a summariser's text is rejected, or None if it is usable."""
