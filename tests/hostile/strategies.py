@@ -42,7 +42,7 @@ def hostile_text(max_size: int = 200) -> st.SearchStrategy[str]:
         st.text(max_size=40),
         st.text(alphabet=st.characters(codec="utf-8"), max_size=20),
         st.text(
-            alphabet=st.sampled_from(list(INVISIBLE) + ["\u05d0", "\u0627", "\x00", "\ud800", "\udfff"]),
+            alphabet=st.sampled_from([*INVISIBLE, "\u05d0", "\u0627", "\x00", "\ud800", "\udfff"]),
             max_size=8,
         ),
         delimiter_like(),
