@@ -394,6 +394,12 @@ class ReplyPath:
         """Store a batch in one transaction, all or nothing; returns them and whether a topic was sealed."""
         validate_conversation_id(conversation_id)
         origin = self._origin(platform, channel, user_id)
+        prepared = self._prepare_batch(messages)
+        if not prepared:
+            return [], False
+        return self._append(conversation_id, prepared, origin)
+
+    def _prepare_batch(self, messages: Sequence[object]) -> list[Incoming]:
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
             raise InvalidMessageError(f"messages must be a list of messages, not {type(messages).__name__}")
         prepared = []
@@ -401,10 +407,30 @@ class ReplyPath:
             try:
                 prepared.append(self.prepare(m))
             except InvalidMessageError as exc:
-                raise InvalidMessageError(f"message {i} of the batch: {exc}") from None
-        if not prepared:
-            return [], False
-        return self._append(conversation_id, prepared, origin)
+                error = InvalidMessageError(f"message {i} of the batch: {exc}")
+                error.index = i
+                raise error from None
+        return prepared
+
+    def check_messages(
+        self, conversation_id: str, messages: Sequence[object], platform: str | None = None
+    ) -> None:
+        """Raise what ``add_messages(conversation_id, messages)`` would raise now, storing nothing
+        (an import validates a whole file before it stores any of it)."""
+        validate_conversation_id(conversation_id)
+        origin = self._origin(platform, None, None)
+        prepared = self._prepare_batch(messages)
+        state = self.read_state(conversation_id)
+        append_all(
+            state,
+            conversation_id,
+            prepared,
+            self.rules_for(state, origin.platform),
+            platform=origin.platform,
+            encoding=state.encoding if state is not None else self.counter.encoding_name,
+            now=datetime.now(UTC),
+            origin=origin,
+        )
 
     def pin(
         self,

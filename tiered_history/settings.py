@@ -199,6 +199,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigurationError(f"config file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigurationError(f"config file {str(path)!r} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"config file {str(path)!r} cannot be read: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigurationError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if data is None:
