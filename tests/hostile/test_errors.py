@@ -89,11 +89,11 @@ async def test_item09_bad_search_limit_is_rejected(url: str, limit: Any) -> None
 
 
 def test_item09_settings_load_on_a_directory_is_a_configuration_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="not a file|directory"):
+    with pytest.raises(ConfigurationError, match="is a directory"):
         Settings.load(tmp_path)
     unreadable = tmp_path / "bad.yaml"
     unreadable.write_bytes(b"\xff\xfe\x00bad")
-    with pytest.raises(ConfigurationError, match="bad.yaml"):
+    with pytest.raises(ConfigurationError, match=r"bad\.yaml"):
         Settings.load(unreadable)
 
 
