@@ -110,6 +110,8 @@ def read_transcript(path: Path, conversation_id: str | None = None) -> list[Tran
         raise TranscriptError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TranscriptError(f"{path}: cannot read ({exc})") from None
+    if not text.strip():
+        raise TranscriptError(f"{path}: the file is empty")
     raw: list[tuple[str, str | None, Any]] = []  # (where, conversation id, message)
     try:
         whole: Any = json.loads(text)
@@ -136,6 +138,8 @@ def read_transcript(path: Path, conversation_id: str | None = None) -> list[Tran
             raise TranscriptError(
                 f"{path}: expected a JSON list of messages, an object with 'messages', or JSON lines"
             )
+    if not raw:
+        raise TranscriptError(f"{path}: the file is empty (it holds no messages)")
     entries: list[TranscriptEntry] = []
     positions: dict[str, int] = {}
     for where, cid, item in raw:
