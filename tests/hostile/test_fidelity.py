@@ -21,7 +21,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 def long_text(chars: int) -> str:
     words = ["policy", "refunds", "escalation", "ticket", "customer", "answer", "account", "verify"]
-    out = []
+    out: list[str] = []
     i = 0
     while sum(len(w) + 1 for w in out) < chars:
         out.append(f"{words[i % len(words)]}{i}")
