@@ -224,9 +224,9 @@ def test_item17_first_get_context_without_max_tokens_does_not_stall_the_loop() -
 async def test_item18_a_retry_after_a_slow_transient_failure_is_not_cancelled(
     openai_server: OpenAIServer,
 ) -> None:
-    # Each request takes 70% of the timeout: the failure and its retry together take 140%.
+    # Each request takes 55% of the timeout: the failure and its retry together take 110%.
     openai_server.script(
-        Reply(status=500, delay=1.4), Reply(text="They agreed to refund the duplicate charge.", delay=1.4)
+        Reply(status=500, delay=1.1), Reply(text="They agreed to refund the duplicate charge.", delay=1.1)
     )
     summarizer = {
         "kind": "litellm",
