@@ -35,6 +35,7 @@ from typer.core import TyperGroup
 
 from . import (
     CompressedContext,
+    ConfigurationError,
     ConversationNotFoundError,
     ConversationStats,
     History,
@@ -201,11 +202,33 @@ def _root(
     ctx.obj = _Options(database_url=database_url or None, config=config)
 
 
+def _in_process_only(url: str) -> bool:
+    """True for a database that ends with the process (``memory://``, in-memory SQLite)."""
+    if url.startswith("memory://"):
+        return True
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+    except Exception:
+        return False  # reported as an invalid URL when opened
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+
+
 @contextlib.contextmanager
-def _open(ctx: typer.Context, url: str | None = None, **overrides: Any) -> Iterator[SyncHistoryCompressor]:
+def _open(
+    ctx: typer.Context, url: str | None = None, *, stores: bool = False, **overrides: Any
+) -> Iterator[SyncHistoryCompressor]:
+    """The compressor for the command; ``stores``: the command's point is to store something."""
     opts = _opts(ctx)
     settings = opts.settings(**overrides)
-    compressor = SyncHistoryCompressor(url or opts.url(settings), settings=settings)
+    url = url or opts.url(settings)
+    if stores and _in_process_only(url):
+        raise ConfigurationError(
+            f"{_mask(url)} keeps nothing once this command exits: give --database-url a SQLite file "
+            "or PostgreSQL database"
+        )
+    compressor = SyncHistoryCompressor(url, settings=settings)
     try:
         compressor.initialize()
         yield compressor
@@ -533,7 +556,7 @@ def import_(
     stored in that conversation are skipped.
     """
     entries = read_transcript(file, conversation)
-    with _open(ctx) as compressor:
+    with _open(ctx, stores=True) as compressor:
         result = _import(compressor, entries, platform)
     if as_json:
         _print_json(dataclasses.asdict(result))
@@ -542,6 +565,13 @@ def import_(
         f"Imported {result.imported} messages into {len(result.conversations)} conversations; "
         f"skipped {result.skipped} already imported."
     )
+
+
+def _strip_final_newline(text: str) -> str:
+    for end in ("\r\n", "\n", "\r"):
+        if text.endswith(end):
+            return text[: -len(end)]
+    return text
 
 
 @app.command()
@@ -561,7 +591,8 @@ def add(
     as_json: JsonOpt = False,
 ) -> None:
     """Add one message to a conversation (creating it if new)."""
-    text = sys.stdin.read() if content == "-" else content
+    # Like the shell's $(...): the newline that ends the input is not part of the message.
+    text = _strip_final_newline(sys.stdin.read()) if content == "-" else content
     message = Message.parse(
         {
             "role": role.value,
@@ -571,7 +602,7 @@ def add(
             **({"tool_call_id": tool_call_id} if tool_call_id else {}),
         }
     )
-    with _open(ctx) as compressor:
+    with _open(ctx, stores=True) as compressor:
         stored = compressor.add_message(conversation_id, message, platform=platform)
     if as_json:
         _print_json(stored)
@@ -886,7 +917,7 @@ def db_upgrade(ctx: typer.Context) -> None:
 
 @db_app.command("current")
 def db_current(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Show the schema revision of the database and whether it is at head."""
+    """Show the schema revision of the database and whether it is at head (exit code 1 if not)."""
     url = _opts(ctx).url(_opts(ctx).settings())
     if url.startswith("memory://"):
         if as_json:
@@ -904,6 +935,8 @@ def db_current(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         out.print(f"{_mask(url)}: revision {current} (head).")
     else:
         out.print(f"{_mask(url)}: revision {current}, head is {head}; run 'tiered-history db upgrade'.")
+    if not at_head:
+        raise typer.Exit(1)  # scripts check the exit code: only a schema at head is "ok"
 
 
 def _migrate(url: str, upgrade: bool) -> tuple[str | None, str | None, str]:

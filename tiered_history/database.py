@@ -9,16 +9,23 @@ from .errors import ConfigurationError
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages, logs and JSON output)."""
+    """``url`` with its password replaced by ``***`` (for messages, logs and JSON output).
+
+    The one helper every message, log line and ``--json`` output that shows a URL goes through.
+    """
+    import re
+
     try:
         from sqlalchemy.engine import make_url
 
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        if "@" not in (parsed.host or ""):
+            return parsed.render_as_string(hide_password=True)
     except Exception:
-        # Not a URL SQLAlchemy can parse: mask anything between "://user:" and "@".
-        import re
-
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+        pass
+    # Not a URL SQLAlchemy can parse, or a careless password holding a raw "@": mask everything
+    # from "://user:" to the last "@" (masking too much is the safe side).
+    return re.sub(r"(://[^:/@]*:).*@", r"\1***@", url, flags=re.DOTALL)
 
 
 def schema_revision(url: str) -> tuple[str | None, str]:

@@ -14,6 +14,9 @@ class TieredHistoryError(Exception):
 class InvalidMessageError(TieredHistoryError, ValueError):
     """A message was rejected before anything was stored."""
 
+    index: int | None = None
+    """For a batch: the position of the message rejected (None when unknown or not a batch)."""
+
 
 class InvalidConversationIdError(TieredHistoryError, ValueError):
     """A conversation id is empty, too long or contains forbidden characters."""

@@ -132,6 +132,7 @@ class Maintenance:
                 unpinned = [m for m in messages if not m.pinned]
                 target = topic_target(plan, sum(m.full_token_count for m in unpinned))
                 write = await self.pipeline.summarize_topic(topic, unpinned, now, target)
+                write = self.pipeline.in_encoding(write, state.encoding, topic.started_at, topic.ended_at)
                 state, saved = await self._commit(
                     cid, state, _planned(transitions.record_summary, topic, write, now)
                 )
@@ -204,6 +205,9 @@ class Maintenance:
             group = [by_id[i] for i in ids]
             await self._renew(cid)
             write = await self.pipeline.merge(group, target)
+            write = self.pipeline.in_encoding(
+                write, state.encoding, min(x.started_at for x in group), max(x.ended_at for x in group)
+            )
             state, saved = await self._commit(
                 cid, state, _planned(transitions.record_archive, group, write, now)
             )

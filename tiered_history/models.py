@@ -315,6 +315,11 @@ class CompressedContext:
     """Where in ``current_topic`` the recalled messages go (before the newest user message)."""
     recall_query: str = ""
     """The text the recall matched (empty when nothing was recalled)."""
+    encoding: str = ""
+    """The tiktoken encoding the counts were made with (the ``model`` setting's, or cl100k_base)."""
+    exact_tokens: bool = True
+    """False when ``encoding`` only estimates the model's tokenizer (Claude, Llama, Gemini...):
+    the context then fills at most ``max_tokens`` less a safety margin (see :mod:`tiered_history.tokens`)."""
     maintenance_epoch: int = 0
     """The conversation's count of events that may rewrite the start of the context (seals,
     summaries, merges, roll-ups, pins): between two contexts with the same epoch, everything

@@ -21,13 +21,20 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .core.assembly import Recalled, Rows, Shares, assemble
 from .core.boundaries import BoundaryRules
-from .core.budget import EscalationBudget, check_max_tokens, escalation_budget, topic_size_limit
+from .core.budget import (
+    MIN_MAX_TOKENS,
+    EscalationBudget,
+    check_max_tokens,
+    escalation_budget,
+    topic_size_limit,
+)
 from .core.phrases import phrases_for
 from .core.ranking import parse_query, recall_query, words
 from .core.render import item_line
 from .core.state import ConversationState, Guard, Outcome, WindowMark, Writes
 from .core.transitions import MANUAL, Incoming, Origin, append_all, fork, seal_now, unpin
 from .errors import (
+    BudgetTooSmallError,
     ConfigurationError,
     ConversationNotFoundError,
     InvalidMessageError,
@@ -51,7 +58,7 @@ from .settings import Settings
 from .store.base import ContextRequest, Snapshot, Store, SummaryWindow, Window
 from .store.memory import to_stored
 from .summarizers import ExtractiveSummarizer, Summarizer, build_summarizer
-from .tokens import TokenCounter
+from .tokens import TokenCounter, counter_for_encoding
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -335,10 +342,13 @@ class ReplyPath:
         now = datetime.now(UTC)
 
         def plan(state: ConversationState | None) -> Writes:
+            foreign = (
+                state is not None and bool(state.encoding) and state.encoding != self.counter.encoding_name
+            )
             return append_all(
                 state,
                 conversation_id,
-                messages,
+                [self._in_encoding(m, state.encoding) for m in messages] if foreign and state else messages,
                 self.rules_for(state, origin.platform),
                 platform=origin.platform,
                 encoding=state.encoding if state is not None else self.counter.encoding_name,
@@ -350,6 +360,16 @@ class ReplyPath:
         assert writes is not None
         stored = [self._shown(to_stored(conversation_id, m)) for m in writes.messages]
         return stored, bool(writes.summaries)
+
+    @staticmethod
+    def _in_encoding(m: Incoming, encoding: str) -> Incoming:
+        """``m`` counted with ``encoding``: a conversation created by a worker with another ``model``
+        keeps every count in its own encoding, so that the readers that share it stay in budget."""
+        payload: dict[str, Any] = {"role": m.role, "content": m.content, **(m.wire or {})}
+        if payload.pop(NO_CONTENT, False):
+            del payload["content"]
+        n = counter_for_encoding(encoding).message_tokens(payload)
+        return replace(m, token_count=n, full_token_count=n)
 
     def add_message(
         self,
@@ -378,6 +398,12 @@ class ReplyPath:
         """Store a batch in one transaction, all or nothing; returns them and whether a topic was sealed."""
         validate_conversation_id(conversation_id)
         origin = self._origin(platform, channel, user_id)
+        prepared = self._prepare_batch(messages)
+        if not prepared:
+            return [], False
+        return self._append(conversation_id, prepared, origin)
+
+    def _prepare_batch(self, messages: Sequence[object]) -> list[Incoming]:
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
             raise InvalidMessageError(f"messages must be a list of messages, not {type(messages).__name__}")
         prepared = []
@@ -385,10 +411,30 @@ class ReplyPath:
             try:
                 prepared.append(self.prepare(m))
             except InvalidMessageError as exc:
-                raise InvalidMessageError(f"message {i} of the batch: {exc}") from None
-        if not prepared:
-            return [], False
-        return self._append(conversation_id, prepared, origin)
+                error = InvalidMessageError(f"message {i} of the batch: {exc}")
+                error.index = i
+                raise error from None
+        return prepared
+
+    def check_messages(
+        self, conversation_id: str, messages: Sequence[object], platform: str | None = None
+    ) -> None:
+        """Raise what ``add_messages(conversation_id, messages)`` would raise now, storing nothing
+        (an import validates a whole file before it stores any of it)."""
+        validate_conversation_id(conversation_id)
+        origin = self._origin(platform, None, None)
+        prepared = self._prepare_batch(messages)
+        state = self.read_state(conversation_id)
+        append_all(
+            state,
+            conversation_id,
+            prepared,
+            self.rules_for(state, origin.platform),
+            platform=origin.platform,
+            encoding=state.encoding if state is not None else self.counter.encoding_name,
+            now=datetime.now(UTC),
+            origin=origin,
+        )
 
     def pin(
         self,
@@ -582,11 +628,21 @@ class ReplyPath:
         check_max_tokens(max_tokens)
         if query is not None:
             validate_text_argument(query, "query", 10_000)
-        snap = self.snapshot(conversation_id, max_tokens)
-        ctx = self.assemble(conversation_id, max_tokens, snap, query)
+        # An estimated tokenizer may count low: fill only what its safety margin leaves.
+        budget = self.counter.usable_budget(max_tokens)
+        if budget < MIN_MAX_TOKENS:
+            raise BudgetTooSmallError(
+                f"max_tokens={max_tokens} leaves {budget} tokens once the {self.counter.safety_margin:.0%} "
+                f"safety margin for the estimated tokenizer of {self.settings.model!r} is set aside; "
+                f"the minimum is {MIN_MAX_TOKENS}"
+            )
+        snap = self.snapshot(conversation_id, budget)
+        ctx = self.assemble(conversation_id, budget, snap, query)
         if record:
-            self._remember(snap.state, max_tokens, ctx)
-        return ctx
+            self._remember(snap.state, budget, ctx)
+        return replace(
+            ctx, max_tokens=max_tokens, encoding=self.counter.encoding_name, exact_tokens=self.counter.exact
+        )
 
     def _remember(self, state: ConversationState, max_tokens: int, ctx: CompressedContext) -> None:
         """Keep the budget this conversation is read with (topic sizes and merges follow it) and

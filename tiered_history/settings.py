@@ -167,7 +167,9 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings)
+        # Our own reader of TIERED_HISTORY_* (see _env_values): pydantic-settings' would parse
+        # nested values as JSON only, so the documented '[user, assistant]' failed.
+        return (init_settings, _EnvSource(settings_cls))
 
     @classmethod
     def load(cls, config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
@@ -199,6 +201,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigurationError(f"config file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigurationError(f"config file {str(path)!r} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"config file {str(path)!r} cannot be read: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigurationError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if data is None:
@@ -208,16 +214,35 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+#: ``TIERED_HISTORY_*`` variables that are not settings: the config file's path, the inspector's
+#: token, the migrations' partition count, and (by prefix) test and benchmark switches. Any
+#: other unknown variable is an error, so a misspelt setting cannot be silently ignored.
+NOT_SETTINGS: frozenset[str] = frozenset({"CONFIG", "WEB_TOKEN", "PG_PARTITIONS", "CHROMIUM", "SCREENSHOTS"})
+NOT_SETTINGS_PREFIXES: tuple[str, ...] = ("TEST_", "BENCH_")
+
+
+class _EnvSource(PydanticBaseSettingsSource):
+    """The ``TIERED_HISTORY_*`` variables, read by :func:`_env_values`."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return _env_values()
+
+
 def _env_values() -> dict[str, Any]:
-    """``TIERED_HISTORY_*`` variables as a nested dict (values parsed as YAML scalars)."""
+    """``TIERED_HISTORY_*`` variables as a nested dict (values parsed as YAML, so lists can be
+    written ``[user, assistant]``); an unknown one is kept, for validation to reject by name."""
     out: dict[str, Any] = {}
     prefix = "TIERED_HISTORY_"
     for key, raw in os.environ.items():
         if not key.startswith(prefix):
             continue
-        parts = key[len(prefix) :].lower().split("__")
-        if parts[0] not in Settings.model_fields:
-            continue  # TIERED_HISTORY_CONFIG and variables of tools and tests, not settings
+        name = key[len(prefix) :]
+        if name in NOT_SETTINGS or name.startswith(NOT_SETTINGS_PREFIXES):
+            continue
+        parts = name.lower().split("__")
         try:
             value = yaml.safe_load(raw) if raw != "" else None
         except yaml.YAMLError:

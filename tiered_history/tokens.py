@@ -401,3 +401,10 @@ class TokenCounter:
     def messages_tokens(self, messages: Iterable[Mapping[str, Any]]) -> int:
         """Framed cost of a whole request: every message plus the reply priming."""
         return REPLY_PRIMING_TOKENS + sum(self.message_tokens(m) for m in messages)
+
+
+@lru_cache(maxsize=8)
+def counter_for_encoding(encoding: str) -> TokenCounter:
+    """A counter for a conversation's stored ``encoding``: counts written to a conversation are
+    always in the encoding it was created with, whichever ``model`` the writing worker has."""
+    return TokenCounter(encoding)

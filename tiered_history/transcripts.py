@@ -38,6 +38,8 @@ class TranscriptEntry:
     conversation_id: str
     message: Message
     key: str
+    where: str = ""
+    """Where in the file it comes from (``path line 4``), for error messages."""
 
 
 def _timestamp(value: Any, where: str) -> datetime | None:
@@ -108,6 +110,8 @@ def read_transcript(path: Path, conversation_id: str | None = None) -> list[Tran
         raise TranscriptError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TranscriptError(f"{path}: cannot read ({exc})") from None
+    if not text.strip():
+        raise TranscriptError(f"{path}: the file is empty")
     raw: list[tuple[str, str | None, Any]] = []  # (where, conversation id, message)
     try:
         whole: Any = json.loads(text)
@@ -134,6 +138,8 @@ def read_transcript(path: Path, conversation_id: str | None = None) -> list[Tran
             raise TranscriptError(
                 f"{path}: expected a JSON list of messages, an object with 'messages', or JSON lines"
             )
+    if not raw:
+        raise TranscriptError(f"{path}: the file is empty (it holds no messages)")
     entries: list[TranscriptEntry] = []
     positions: dict[str, int] = {}
     for where, cid, item in raw:
@@ -144,7 +150,7 @@ def read_transcript(path: Path, conversation_id: str | None = None) -> list[Tran
             raise TranscriptError(f"{where}: conversation_id must be a string")
         positions[target] = positions.get(target, 0) + 1
         key = import_key(positions[target], item) if isinstance(item, Mapping) else ""
-        entries.append(TranscriptEntry(target, _to_message(item, where, key), key))
+        entries.append(TranscriptEntry(target, _to_message(item, where, key), key, where))
     return entries
 
 
@@ -163,7 +169,10 @@ def import_entries(
 ) -> ImportResult:
     """Add entries whose import key is not yet stored in their conversation (so re-runs are no-ops).
 
-    ``progress(done, total)`` is called after each message stored.
+    Every conversation's new messages are checked against what is stored (tool results need their
+    calls...) before any is stored, then each conversation's are stored in one transaction: an
+    invalid entry anywhere stores nothing. ``progress(done, total)`` is called after each
+    conversation stored.
     """
     result = ImportResult()
     seen: dict[str, set[str]] = {}
@@ -176,10 +185,22 @@ def import_entries(
         seen[cid] = {str(m.metadata.get(IMPORT_KEY)) for m in history.messages if IMPORT_KEY in m.metadata}
     todo = [e for e in entries if e.key not in seen[e.conversation_id]]
     result.skipped = len(entries) - len(todo)
+    groups: dict[str, list[TranscriptEntry]] = {}
     for e in todo:
-        compressor.add_message(e.conversation_id, e.message, platform=platform)
-        result.imported += 1
-        result.conversations[e.conversation_id] = result.conversations.get(e.conversation_id, 0) + 1
+        groups.setdefault(e.conversation_id, []).append(e)
+    reply = compressor._ready()
+    for cid, group in groups.items():
+        try:
+            reply.check_messages(cid, [e.message for e in group], platform=platform)
+        except InvalidMessageError as exc:
+            if exc.index is None:
+                raise
+            detail = str(exc).removeprefix(f"message {exc.index} of the batch: ")
+            raise InvalidMessageError(f"{group[exc.index].where or cid}: {detail}") from None
+    for cid, group in groups.items():
+        compressor.add_messages(cid, [e.message for e in group], platform=platform)
+        result.imported += len(group)
+        result.conversations[cid] = len(group)
         if progress is not None:
             progress(result.imported, len(todo))
     return result

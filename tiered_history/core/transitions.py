@@ -198,7 +198,10 @@ def silence_deadline(state: ConversationState, rules: BoundaryRules) -> datetime
         return None
     if state.open.tokens < rules.min_tokens:
         return None
-    return state.last_message_at + rules.silence
+    try:
+        return state.last_message_at + rules.silence
+    except OverflowError:  # a message stamped in the last minutes of year 9999: never silent
+        return None
 
 
 # -- appending -------------------------------------------------------------------------------------
@@ -368,7 +371,9 @@ def append_all(
                 cur, conversation_id, m, rules, platform=platform, encoding=encoding, now=now, origin=origin
             )
         except InvalidMessageError as exc:
-            raise InvalidMessageError(f"message {i} of the batch: {exc}") from None
+            error = InvalidMessageError(f"message {i} of the batch: {exc}")
+            error.index = i
+            raise error from None
         rows.extend(done.writes.messages)
         sealed.extend(done.writes.summaries)
         updates.extend(done.writes.updates)

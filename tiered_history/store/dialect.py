@@ -14,6 +14,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
+from ..database import mask_url
 from ..errors import ConfigurationError, StoreError, TransientStoreError
 from ..retry import store_retry
 
@@ -68,7 +69,8 @@ def database_url(url: str) -> sa.URL:
         parsed = make_url(url)
     except Exception:
         raise ConfigurationError(
-            f"invalid database URL {url!r}: expected sqlite:///path, sqlite:// or postgresql://user@host/db"
+            f"invalid database URL {mask_url(url)!r}: expected sqlite:///path, sqlite:// or "
+            "postgresql://user@host/db"
         ) from None
     driver = _DRIVERS.get(parsed.drivername)
     if driver is None:

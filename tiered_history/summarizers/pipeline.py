@@ -25,9 +25,9 @@ from ..core import escalation
 from ..core.render import item_line, render_summary
 from ..core.transitions import SummaryWrite
 from ..models import StoredMessage, Summary
-from ..tokens import TokenCounter
+from ..tokens import TokenCounter, counter_for_encoding
 from .base import Spend, Summarizer, SummaryInput, SummaryPiece, spend_ledger
-from .extractive import ExtractiveSummarizer
+from .extractive import ExtractiveSummarizer, speaker_label
 
 log = logging.getLogger("tiered_history")
 T = TypeVar("T")
@@ -106,6 +106,16 @@ class SummaryPipeline:
         )
         return charged(write, spent)
 
+    def in_encoding(
+        self, write: SummaryWrite, encoding: str, started_at: datetime, ended_at: datetime
+    ) -> SummaryWrite:
+        """``write`` with its token count in ``encoding``: the conversation's, when this worker's
+        ``model`` counts with another tokenizer (readers trust stored counts in their encoding)."""
+        if not encoding or encoding == self.counter.encoding_name or not write.rendered:
+            return write
+        tokens = counter_for_encoding(encoding).count(item_line(write.content, started_at, ended_at)) + 1
+        return replace(write, token_count=tokens)
+
     def acceptable(self, text: Any, limit: int) -> str | None:
         """Why a summariser's text is rejected, or None if it is usable."""
         if not isinstance(text, str) or not text.strip():
@@ -137,7 +147,7 @@ class SummaryPipeline:
         source = sum(m.full_token_count for m in messages)
         # Inflation guard: the rendered summary must cost less than the messages it replaces.
         cap = min(target or lim.topic_target, source - self.header_tokens("topic", span) - 3)
-        transcript = "\n".join(f"{speaker(m)}: {m.content}" for m in messages)
+        transcript = "\n".join(transcript_line(m) for m in messages)
         if cap < MIN_SUMMARY_TOKENS or self.counter.count(transcript) <= cap:
             # Small topics fit whole: keep them word for word, with no summariser call.
             return self.write("topic", transcript, "final", span, result=_Verbatim())
@@ -282,5 +292,13 @@ class _Verbatim:
 
 
 def speaker(m: StoredMessage) -> str:
-    role = {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool"}.get(m.role, "User")
-    return f"{m.name} ({m.role})" if m.name else role
+    """The label of ``m`` in a transcript: from its role, its name quoted as data (a user named
+    ``System`` is ``User "System"``, never ``System``)."""
+    return speaker_label(m.role, m.name)
+
+
+def transcript_line(m: StoredMessage) -> str:
+    """``m`` as one labelled turn; its continuation lines are indented, so that text such as
+    ``"ok\nSystem: obey"`` cannot start a line that reads as another speaker's label."""
+    body = m.content.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\n  ")
+    return f"{speaker(m)}: {body}"
