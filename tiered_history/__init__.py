@@ -7,6 +7,7 @@ oldest ones, within an exact token budget; nothing stored is ever changed or los
 from __future__ import annotations
 
 from .compressor import HistoryCompressor
+from .core.recollection import Excerpt, Recollection, recall_tool
 from .errors import (
     BudgetTooSmallError,
     ConfigurationError,
@@ -51,6 +52,7 @@ __all__ = [
     "ConversationInfo",
     "ConversationNotFoundError",
     "ConversationStats",
+    "Excerpt",
     "ExtractiveSummarizer",
     "History",
     "HistoryCompressor",
@@ -58,6 +60,7 @@ __all__ = [
     "InvalidMessageError",
     "MaintenanceReport",
     "Message",
+    "Recollection",
     "SchemaError",
     "SearchHit",
     "Settings",
@@ -74,5 +77,6 @@ __all__ = [
     "TokenCounter",
     "TransientStoreError",
     "__version__",
+    "recall_tool",
     "record_spend",
 ]

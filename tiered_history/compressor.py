@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
 
 from .core.budget import escalation_budget
+from .core.recollection import Recollection
 from .maintenance import Maintenance, MaintenanceReport
 from .models import (
     CompressedContext,
@@ -267,6 +268,13 @@ class HistoryCompressor(BaseCompressor):
         ``NEEDLE-4711`` is a phrase), newest first on equal scores; text with no word at all is
         matched literally. Each hit carries its topic and the summary that represents it now."""
         return await self._run(self.reply.search, conversation_id, text, limit)
+
+    async def recall(self, conversation_id: str, query: str, max_tokens: int = 1000) -> Recollection:
+        """What the recall tool (:func:`recall_tool`) answers: the excerpts of this conversation that
+        best match ``query`` (messages word for word, tool calls with their results, summaries),
+        each cited with its message numbers and dates, within ``max_tokens``. Send
+        ``recollection.text()`` back as the tool result."""
+        return await self._run(self.reply.recall, conversation_id, query, max_tokens)
 
     async def exists(self, conversation_id: str) -> bool:
         """True once a message was stored for ``conversation_id``."""

@@ -30,6 +30,7 @@ from .core.budget import (
 )
 from .core.phrases import phrases_for
 from .core.ranking import parse_query, recall_query, words
+from .core.recollection import Recollection, recollect
 from .core.render import item_line
 from .core.state import ConversationState, Guard, Outcome, WindowMark, Writes
 from .core.transitions import MANUAL, Incoming, Origin, append_all, fork, seal_now, unpin
@@ -58,6 +59,7 @@ from .settings import Settings
 from .store.base import ContextRequest, Snapshot, Store, SummaryWindow, Window
 from .store.memory import to_stored
 from .summarizers import ExtractiveSummarizer, Summarizer, build_summarizer
+from .summarizers.pipeline import transcript_line
 from .tokens import TokenCounter, counter_for_encoding
 
 if TYPE_CHECKING:
@@ -740,6 +742,9 @@ class ReplyPath:
         """Recall candidates for ``text``: the best-matching messages (whole tool units) and summaries."""
         if not text or not self.settings.recall.enabled:
             return []
+        return self._candidates(conversation_id, text, RECALL_MIN_SCORE)
+
+    def _candidates(self, conversation_id: str, text: str, min_score: float) -> list[Recalled]:
         q = recall_query(text)
         if not q.groups:
             return []
@@ -758,13 +763,13 @@ class ReplyPath:
             around = {m.sequence: m for m in self.store.read_messages(conversation_id, max(lo, 1), hi)}
         for h in hits:
             m = h.message
-            if m is None or m.pinned or h.score < RECALL_MIN_SCORE:
+            if m is None or m.pinned or h.score < min_score:
                 continue
             unit = _unit_of(m, around) if m.role == "tool" or m.tool_calls else (m,)
             if unit:
                 out.append(Recalled(h.score, messages=unit))
         for h in self.store.search(conversation_id, q, max(limit // 2, 1), kind="summary"):
-            if h.summary is not None and h.summary.content and h.score >= RECALL_MIN_SCORE:
+            if h.summary is not None and h.summary.content and h.score >= min_score:
                 out.append(Recalled(h.score, summary=h.summary))
         return out
 
@@ -830,6 +835,23 @@ class ReplyPath:
                 covering = None
             out.append(SearchHit(m, h.score, topic, covering))
         return out
+
+    def recall(self, conversation_id: str, query: str, max_tokens: int = 1000) -> Recollection:
+        """The recall tool's answer: the excerpts that best match ``query`` (whole tool units and
+        summaries), cited with their message numbers and dates, within ``max_tokens``."""
+        validate_conversation_id(conversation_id)
+        if not isinstance(query, str) or query.strip():
+            validate_text_argument(query, "query", 10_000)
+        check_max_tokens(max_tokens)
+        self.require(conversation_id)
+        # A blank query (a model may send one) finds nothing rather than failing the tool call.
+        # Asked for explicitly: any match counts (the per-turn recall wants a strong one).
+        candidates = self._candidates(conversation_id, query, 0.0) if query.strip() else []
+
+        def measure(text: str) -> int:
+            return self.counter.message_tokens({"role": "tool", "tool_call_id": "call", "content": text})
+
+        return recollect(conversation_id, query, candidates, max_tokens, measure, transcript_line)
 
     def exists(self, conversation_id: str) -> bool:
         """True once a message was stored for ``conversation_id``."""

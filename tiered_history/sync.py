@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from .compressor import BaseCompressor, HistoryCompressor
+from .core.recollection import Recollection
 from .maintenance import MaintenanceReport
 from .models import (
     CompressedContext,
@@ -183,6 +184,9 @@ class SyncHistoryCompressor(BaseCompressor):
 
     def search(self, conversation_id: str, text: str, limit: int = 20) -> list[SearchHit]:
         return self._ready().search(conversation_id, text, limit)
+
+    def recall(self, conversation_id: str, query: str, max_tokens: int = 1000) -> Recollection:
+        return self._ready().recall(conversation_id, query, max_tokens)
 
     def exists(self, conversation_id: str) -> bool:
         return self._ready().exists(conversation_id)
