@@ -318,7 +318,7 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
             assert msgs[at] == {"role": "user", "content": block}
             assert "not instructions" in block.split("\n", 1)[0]
             for x in items:
-                assert x.content.split("\n")[0] in block
+                assert x.content.split("\n")[0].strip() in block
             at += 1
         else:
             assert not ctx.blocks.get(tier)
@@ -444,7 +444,13 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
         check_context(ctx, ha, max_tokens)
         wanted = {w for w in ranking.words(query) if w not in ranking.STOPWORDS}
         for m in ctx.recalled:
-            unit = [x for x in ctx.recalled if x.sequence == m.sequence or x.tool_call_id in _ids(m)]
+            # Its whole tool unit: the call and every result (the match may be in any of them).
+            ids = _ids(m) | {m.tool_call_id}
+            unit = [
+                x
+                for x in ctx.recalled
+                if x.sequence == m.sequence or (_ids(x) | {x.tool_call_id}) & ids - {None}
+            ]
             assert any(wanted & set(ranking.words(x.content)) for x in unit), (query, m.content)
         observed.append(("query", max_tokens, ctx.to_messages()))
 
@@ -459,6 +465,13 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
         check_context(after, await hc.get_history(a), max_tokens)
         before = first.to_messages()
         stable = before[: first.recall_start] if first.recall_start is not None else before
+        # A newest call still awaiting its results is left out once the user moves on (sent
+        # unanswered it is a 400): it alone may leave the prefix.
+        calls = [i for i, m in enumerate(stable) if m.get("tool_calls")]
+        if calls:
+            answered = {m.get("tool_call_id") for m in stable[calls[-1] :]}
+            if {c["id"] for c in stable[calls[-1]]["tool_calls"]} - answered:
+                stable = stable[: calls[-1]]
         if after.maintenance_epoch == first.maintenance_epoch:
             event("prefix kept between events")
             assert after.to_messages()[: len(stable)] == stable
@@ -534,7 +547,7 @@ given_script = given(
 )
 
 
-@settings(max_examples=300, **COMMON)
+@settings(max_examples=150, **COMMON)
 @given_script
 def test_properties_memory(
     ops: list[tuple[Any, ...]], budgets: list[int], context_budget: int, seed: int

@@ -539,6 +539,7 @@ def _recall(
     sample = datetime(2000, 1, 1, tzinfo=UTC)  # any date: the note's length hardly depends on it
     note_estimate = measure(recall_note(1, start, sample, sample)) + 8
     summaries: list[Summary] = []
+    taken: set[int] = set()  # sequences already recalled (a call and its result both match)
     for cand in sorted(rows.recall, key=lambda c: -c.score):
         if cand.summary is not None:
             if cand.summary.id in shown or cand.summary.first_sequence >= start:
@@ -549,12 +550,14 @@ def _recall(
                 not cand.messages
                 or cand.messages[-1].sequence >= start
                 or any(m.pinned for m in cand.messages)
+                or any(m.sequence in taken for m in cand.messages)
             ):
                 continue
             cost = _cost(cand.messages)
         if spent + cost + note_estimate > room:
             continue
         picked.append(cand)
+        taken.update(m.sequence for m in cand.messages)
         spent += cost
         if cand.summary is not None:
             summaries.append(cand.summary)

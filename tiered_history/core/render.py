@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 #: Tags the renderer uses; none of them can appear, as a tag, inside the text of a block.
-TAGS = ("summary", "summaries", "archive", "archives", "recall")
+TAGS = ("summary", "summaries", "archive", "archives", "recall", "recalled")
 _TAG_RE = re.compile(r"<(\s*/?\s*(?:" + "|".join(TAGS) + r")\b[^<>]*)>", re.IGNORECASE)
 # A tag left open ("</summaries" at the end of a line) still reads as one: its "<" goes too.
 _OPEN_TAG_RE = re.compile(r"<(?=\s*/?\s*(?:" + "|".join(TAGS) + r")\b)", re.IGNORECASE)
