@@ -167,6 +167,10 @@ async def test_fork_shares_the_history_up_to_the_fork_point(url: str) -> None:
         assert [(t.first_sequence, t.last_sequence, t.content) for t in branch.topics] == [
             (t.first_sequence, t.last_sequence, t.content) for t in before.topics if t.last_sequence <= 8
         ]
+        # Replaying the open part runs no boundary rule: the state counts exactly the topics copied.
+        state = await hc.store.state("branch")
+        assert state is not None and state.topic_count == len(branch.topics)
+        assert branch.open_topic_start == max((t.last_sequence for t in branch.topics), default=0) + 1
         # The branch goes its own way; the source is untouched.
         await hc.add_message("branch", {"role": "user", "content": "a different follow-up"})
         assert (await hc.get_history("main")) == before

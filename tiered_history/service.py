@@ -727,8 +727,8 @@ class ReplyPath:
         return found
 
     def _query_text(self, recent: Sequence[StoredMessage], query: str | None) -> str:
-        """What recall looks for: ``query`` if given, else the newest user message (with a little
-        of what came just before it, weighted less)."""
+        """What recall looks for: ``query`` if given, else the newest user message alone (its
+        words are what the next answer needs; the open topic's are in the window already)."""
         if query is not None:
             return query
         if not self.settings.recall.enabled:

@@ -667,7 +667,7 @@ def fork(
         needs_maintenance=any(t.status == "pending" for t in topics),
     )
     # The open topic is rebuilt by appending its messages again (no rule runs: no seal).
-    quiet = replace(rules, explicit=False, temporal=False, size=False)
+    quiet = replace(rules, explicit=False, temporal=False, size=False, cohesion=False, unseal=False)
     cur = state
     for m in messages:
         if m.sequence < start:
