@@ -6,26 +6,9 @@ The library migrates on first use; these functions are for operators (``tiered-h
 from __future__ import annotations
 
 from .errors import ConfigurationError
+from .store.dialect import mask_url
 
-
-def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages, logs and JSON output).
-
-    The one helper every message, log line and ``--json`` output that shows a URL goes through.
-    """
-    import re
-
-    try:
-        from sqlalchemy.engine import make_url
-
-        parsed = make_url(url)
-        if "@" not in (parsed.host or ""):
-            return parsed.render_as_string(hide_password=True)
-    except Exception:
-        pass
-    # Not a URL SQLAlchemy can parse, or a careless password holding a raw "@": mask everything
-    # from "://user:" to the last "@" (masking too much is the safe side).
-    return re.sub(r"(://[^:/@]*:).*@", r"\1***@", url, flags=re.DOTALL)
+__all__ = ["mask_url", "schema_revision", "upgrade_schema"]
 
 
 def schema_revision(url: str) -> tuple[str | None, str]:

@@ -14,7 +14,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
-from ..database import mask_url
 from ..errors import ConfigurationError, StoreError, TransientStoreError
 from ..retry import store_retry
 
@@ -61,6 +60,26 @@ class Capabilities:
         SQLite is not retried: a locked database has already waited its busy timeout.
         """
         return store_retry(fn) if self.retry_transient else fn()
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for messages, logs and JSON output).
+
+    The one helper every message, log line and ``--json`` output that shows a URL goes through.
+    """
+    import re
+
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+        if "@" not in (parsed.host or ""):
+            return parsed.render_as_string(hide_password=True)
+    except Exception:
+        pass
+    # Not a URL SQLAlchemy can parse, or a careless password holding a raw "@": mask everything
+    # from "://user:" to the last "@" (masking too much is the safe side).
+    return re.sub(r"(://[^:/@]*:).*@", r"\1***@", url, flags=re.DOTALL)
 
 
 def database_url(url: str) -> sa.URL:
