@@ -141,3 +141,46 @@ asyncio.run(main())
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def _module_graph() -> dict[Path, set[Path]]:
+    """Each module of the package and the package modules it imports (a package's ``__init__``
+    only through an import of the package itself, so re-exports do not count as cycles)."""
+    graph: dict[Path, set[Path]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        targets = {_file_of(name) for name in _imports(path) if name != "tiered_history"}
+        graph[path] = {t for t in targets if t is not None and t != path and t.name != "__init__.py"}
+    return graph
+
+
+def _cycle(graph: dict[Path, set[Path]]) -> list[Path]:
+    """One import cycle among the package's modules, or []."""
+    state: dict[Path, int] = {}
+    stack: list[Path] = []
+
+    def visit(p: Path) -> list[Path]:
+        state[p] = 1
+        stack.append(p)
+        for q in sorted(graph.get(p, ())):
+            if state.get(q) == 1:
+                return [*stack[stack.index(q) :], q]
+            if q not in state and (found := visit(q)):
+                return found
+        stack.pop()
+        state[p] = 2
+        return []
+
+    for p in sorted(graph):
+        if p not in state and (found := visit(p)):
+            return found
+    return []
+
+
+def test_no_import_circle_between_the_package_modules() -> None:
+    graph = _module_graph()
+    assert len(graph) >= 40  # the walk really read the package
+    cycle = _cycle(graph)
+    assert cycle == [], " -> ".join(str(p.relative_to(PACKAGE)) for p in cycle)
+    # The check is live: a module importing its importer is found.
+    a, b = PACKAGE / "database.py", PACKAGE / "store" / "dialect.py"
+    assert _cycle({**graph, b: {*graph[b], a}})
