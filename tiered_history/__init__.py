@@ -17,6 +17,7 @@ from .errors import (
     StoreError,
     SummarizerError,
     TieredHistoryError,
+    TranscriptError,
     TransientStoreError,
 )
 from .maintenance import MaintenanceReport
@@ -72,6 +73,7 @@ __all__ = [
     "SyncHistoryCompressor",
     "TieredHistoryError",
     "TokenCounter",
+    "TranscriptError",
     "TransientStoreError",
     "__version__",
     "record_spend",
