@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, NoReturn
 
-from .core.state import MAX_USERS, ConversationState
 from .core.render import item_line, render_summary
+from .core.state import MAX_USERS, ConversationState
 from .core.transitions import Incoming
 from .errors import InvalidConversationIdError, TranscriptError
 from .models import StoredMessage, Summary, validate_conversation_id
@@ -67,7 +67,9 @@ _SUMMARY_KEYS: Final = frozenset(
         "dropped_at",
     }
 )
-_MESSAGE_KEYS: Final = frozenset({"type", "sequence", "timestamp", "pinned", "pin_key", "metadata", "message"})
+_MESSAGE_KEYS: Final = frozenset(
+    {"type", "sequence", "timestamp", "pinned", "pin_key", "metadata", "message"}
+)
 _HEADER_KEYS: Final = frozenset(
     {"format", "version", "conversation_id", "platform", "channel", "users", "created_at", "pins"}
 )
@@ -311,7 +313,7 @@ def _records(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def _header(number: int, record: dict[str, Any]) -> tuple[_Line, dict[str, Any]]:
     if record.get("format") != FORMAT:
-        raise TranscriptError(f"line {number}: not an exported conversation (no \"format\": {FORMAT!r} header)")
+        raise TranscriptError(f'line {number}: not an exported conversation (no "format": {FORMAT!r} header)')
     line = _Line(number, record, _HEADER_KEYS)
     if record.get("version") != VERSION:
         line.fail(f"version {record.get('version')!r} is not supported (this library reads {VERSION})")
@@ -329,11 +331,11 @@ def _header(number: int, record: dict[str, Any]) -> tuple[_Line, dict[str, Any]]
         line.fail("'users' lists a user twice")
     pins = record.get("pins") or []
     if not isinstance(pins, list):
-        line.fail("'pins' must be a list of {\"key\", \"sequence\"}")
+        line.fail('\'pins\' must be a list of {"key", "sequence"}')
     parsed: list[tuple[str, int]] = []
     for p in pins:
         if not isinstance(p, dict) or set(p) != {"key", "sequence"}:
-            line.fail("each pin must be {\"key\": str, \"sequence\": int}")
+            line.fail('each pin must be {"key": str, "sequence": int}')
         pin = _Line(number, p, frozenset({"key", "sequence"}))
         key = pin.text("key", 255, required=True)
         assert key is not None
@@ -380,7 +382,9 @@ def check_tool_units(messages: Sequence[Incoming]) -> None:
             open_calls = set(m.tool_call_ids)
         elif m.role == "tool":
             if m.tool_call_id not in open_calls:
-                raise TranscriptError(f"message {i}: tool result {m.tool_call_id!r} answers no open tool call")
+                raise TranscriptError(
+                    f"message {i}: tool result {m.tool_call_id!r} answers no open tool call"
+                )
             open_calls.discard(str(m.tool_call_id))
         elif not m.pinned:
             open_calls = set()
@@ -500,7 +504,9 @@ def read_export(lines: Iterable[str]) -> Exported:
                 raise TranscriptError(f"line {number}: messages must come before summaries")
             m = _message(number, record)
             if m.sequence != len(messages) + 1:
-                raise TranscriptError(f"line {number}: message {m.sequence} where {len(messages) + 1} was due")
+                raise TranscriptError(
+                    f"line {number}: message {m.sequence} where {len(messages) + 1} was due"
+                )
             messages.append(m)
         elif kind == "summary":
             summaries.append(_summary(number, record))

@@ -481,7 +481,9 @@ class ReplyPath:
         returns it and whether it has topics left to summarise. Importing the same file again
         changes nothing; a conversation of that id holding anything else is refused."""
         exported = read_export(data)
-        cid = exported.conversation_id if conversation_id is None else validate_conversation_id(conversation_id)
+        cid = (
+            exported.conversation_id if conversation_id is None else validate_conversation_id(conversation_id)
+        )
         prepared: list[Incoming] = []
         for m in exported.messages:
             try:
@@ -520,7 +522,9 @@ class ReplyPath:
             users=exported.users,
             pins=exported.pins,
         )
-        writes = restore(seed, messages, summaries, self.rules_for(None, exported.platform), datetime.now(UTC))
+        writes = restore(
+            seed, messages, summaries, self.rules_for(None, exported.platform), datetime.now(UTC)
+        )
         pending = writes.state.needs_maintenance
         if not self.store.commit(cid, Guard(None), writes).ok:
             existing = self.read_state(cid)

@@ -766,7 +766,14 @@ def restore(
         ]
         origin = Origin(seed.platform, seed.channel)
         writes = append_all(
-            None, seed.id, batch, rules, platform=seed.platform, encoding=seed.encoding, now=now, origin=origin
+            None,
+            seed.id,
+            batch,
+            rules,
+            platform=seed.platform,
+            encoding=seed.encoding,
+            now=now,
+            origin=origin,
         )
     state = replace(writes.state, created_at=seed.created_at or now, users=seed.users, pins=seed.pins)
     return replace(writes, state=state)
