@@ -903,23 +903,25 @@ def conversations(
             else "No conversations stored yet."
         )
         return
+    # Ids, places and counts never wrap (they are copied into other commands); users may. Topic,
+    # archive and pin counts are in --json (a terminal is too narrow for them all).
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("conversation", "platform", "channel", "users", "created", "last active"):
-        table.add_column(column, overflow="fold")
-    for column in ("messages", "topics", "archives", "pinned"):
-        table.add_column(column, justify="right")
+    table.add_column("conversation", no_wrap=True)
+    table.add_column("platform", no_wrap=True)
+    table.add_column("channel", no_wrap=True)
+    table.add_column("users", overflow="fold", min_width=8)
+    table.add_column("created", no_wrap=True)
+    table.add_column("last active", no_wrap=True)
+    table.add_column("msgs", justify="right", no_wrap=True)
     for c in found:
         table.add_row(
             c.conversation_id,
             c.platform or "-",
             c.channel or "-",
             ", ".join(c.users) or "-",
-            _when(c.created_at),
+            c.created_at.astimezone(UTC).strftime("%Y-%m-%d") if c.created_at else "-",
             _when(c.last_active_at),
             str(c.messages),
-            str(c.topics),
-            str(c.archives),
-            str(c.pinned),
         )
     out.print(table)
     if len(found) == limit:
