@@ -451,7 +451,9 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
                 for x in ctx.recalled
                 if x.sequence == m.sequence or (_ids(x) | {x.tool_call_id}) & ids - {None}
             ]
-            assert any(wanted & set(ranking.words(x.content)) for x in unit), (query, m.content)
+            # (a call's arguments are searchable too)
+            texts = [x.content + " " + json.dumps(x.tool_calls or []) for x in unit]
+            assert any(wanted & set(ranking.words(t)) for t in texts), (query, m.content)
         observed.append(("query", max_tokens, ctx.to_messages()))
 
     # Prefix stability: reading again changes nothing; a turn without an event (no seal, summary,
@@ -472,7 +474,12 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
             answered = {m.get("tool_call_id") for m in stable[calls[-1] :]}
             if {c["id"] for c in stable[calls[-1]]["tool_calls"]} - answered:
                 stable = stable[: calls[-1]]
-        if after.maintenance_epoch == first.maintenance_epoch:
+        # The window moves between events only when it no longer fits beside the blocks and the
+        # recall reserve (which is kept whether or not this turn recalls anything).
+        reserve = int(first.allocation["topic"] * hc.settings.recall.share)
+        unrecalled = first.total_tokens - (first.tier_tokens.get("recall", 0))
+        full = unrecalled + script.added[a][-1].token_count + reserve > max_tokens
+        if after.maintenance_epoch == first.maintenance_epoch and not full:
             event("prefix kept between events")
             assert after.to_messages()[: len(stable)] == stable
         else:

@@ -18,6 +18,7 @@ from .errors import (
     StoreError,
     SummarizerError,
     TieredHistoryError,
+    TranscriptError,
     TransientStoreError,
 )
 from .maintenance import MaintenanceReport
@@ -75,6 +76,7 @@ __all__ = [
     "SyncHistoryCompressor",
     "TieredHistoryError",
     "TokenCounter",
+    "TranscriptError",
     "TransientStoreError",
     "__version__",
     "recall_tool",

@@ -18,6 +18,7 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,14 +41,16 @@ from . import (
     ConversationStats,
     History,
     HistoryCompressor,
-    Message,
     Settings,
     StoredMessage,
     Summary,
     SyncHistoryCompressor,
     TieredHistoryError,
 )
+from .core.budget import MIN_MAX_TOKENS
 from .database import mask_url, schema_revision, upgrade_schema
+from .errors import TranscriptError
+from .exchange import is_export, read_export
 from .transcripts import IMPORT_KEY as IMPORT_KEY  # re-exported: the CLI documents this key
 from .transcripts import ImportResult, TranscriptEntry, import_entries, read_transcript
 
@@ -554,10 +557,21 @@ def import_(
     each with a "conversation_id". Each message gets metadata.import_key, a hash of its position
     in its conversation within the file and of its content; messages whose key is already
     stored in that conversation are skipped.
+
+    A file written by 'tiered-history export' is restored whole instead (messages, pins, metadata,
+    summaries), under --conversation if given, in one transaction; re-running it changes nothing,
+    and an existing conversation with other content is refused.
     """
-    entries = read_transcript(file, conversation)
-    with _open(ctx, stores=True) as compressor:
-        result = _import(compressor, entries, platform)
+    if is_export(_first_line(file)):
+        if platform is not None:
+            raise typer.BadParameter(
+                "an exported conversation carries its own platform", param_hint="--platform"
+            )
+        result = _import_export(ctx, file, conversation)
+    else:
+        entries = read_transcript(file, conversation)
+        with _open(ctx, stores=True) as compressor:
+            result = _import(compressor, entries, platform)
     if as_json:
         _print_json(dataclasses.asdict(result))
         return
@@ -574,40 +588,182 @@ def _strip_final_newline(text: str) -> str:
     return text
 
 
+def _first_line(file: Path) -> str:
+    """The first non-blank line of ``file`` ("" if it cannot be read: the reader says why)."""
+    try:
+        with file.open(encoding="utf-8") as lines:
+            return next((line for line in lines if line.strip()), "")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _import_export(ctx: typer.Context, file: Path, conversation: str | None) -> ImportResult:
+    """Restore a file written by ``export``; reported like a transcript import."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TranscriptError(f"cannot read {file}: {exc}") from None
+    target = conversation or read_export(text).conversation_id
+    with _open(ctx, stores=True) as compressor:
+        existed = compressor.exists(target)
+        info = compressor.import_conversation(text, conversation_id=conversation)
+    done = 0 if existed else info.messages
+    return ImportResult(
+        imported=done, skipped=info.messages - done, conversations={info.conversation_id: done}
+    )
+
+
 @app.command()
 def add(
     ctx: typer.Context,
     conversation_id: ConversationArg,
     content: Annotated[
-        str, typer.Option("--content", help="Message text ('-' reads standard input).", show_default=False)
-    ],
-    role: Annotated[Role, typer.Option("--role", help="Who wrote the message.")] = Role.user,
-    pinned: Annotated[bool, typer.Option("--pinned", help="Always send this message verbatim.")] = False,
-    name: Annotated[str | None, typer.Option(help="Participant name (OpenAI 'name').")] = None,
-    tool_call_id: Annotated[
-        str | None, typer.Option("--tool-call-id", help="For --role tool: the call answered.")
+        str | None,
+        typer.Option("--content", help="Message text ('-' reads standard input).", show_default=False),
     ] = None,
+    role: Annotated[
+        Role | None,
+        typer.Option("--role", help="Who wrote the message (default: user; assistant with --tool-call)."),
+    ] = None,
+    tool_call: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tool-call",
+            metavar="NAME=JSON",
+            help="An assistant tool call: the function name, '=', its arguments as JSON, e.g. "
+            '--tool-call \'get_weather={"city": "Paris"}\'. Repeat for parallel calls; --content '
+            "is then optional. Then store each result with --role tool --tool-call-id ID.",
+            show_default=False,
+        ),
+    ] = None,
+    tool_call_id: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tool-call-id",
+            help="With --role tool: the id of the call answered. With --tool-call: the ids of the calls, "
+            "in order (default: generated and printed).",
+            show_default=False,
+        ),
+    ] = None,
+    message_json: Annotated[
+        str | None,
+        typer.Option(
+            "--message",
+            metavar="JSON",
+            help="A whole OpenAI-format message as JSON ('-' reads standard input), stored exactly as "
+            "given: what a bot logged, tool_calls, content parts and provider fields included. "
+            "Replaces --content, --role, --name, --tool-call and --tool-call-id.",
+            show_default=False,
+        ),
+    ] = None,
+    pinned: Annotated[bool, typer.Option("--pinned", help="Always send this message verbatim.")] = False,
+    pin_key: Annotated[
+        str | None,
+        typer.Option(
+            "--pin-key",
+            help="Pin under this key (implies --pinned): pinning again under the same key replaces it, "
+            "e.g. --pin-key system for a system prompt.",
+            show_default=False,
+        ),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Participant name (OpenAI 'name').")] = None,
     platform: Annotated[str | None, typer.Option(help="Platform of a new conversation.")] = None,
+    channel: Annotated[
+        str | None, typer.Option(help="Channel, thread or chat id of a new conversation.")
+    ] = None,
+    user_id: Annotated[
+        str | None, typer.Option("--user-id", help="Platform id of the user who wrote it.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Add one message to a conversation (creating it if new)."""
-    # Like the shell's $(...): the newline that ends the input is not part of the message.
-    text = _strip_final_newline(sys.stdin.read()) if content == "-" else content
-    message = Message.parse(
-        {
-            "role": role.value,
-            "content": text,
-            "pinned": pinned,
-            **({"name": name} if name else {}),
-            **({"tool_call_id": tool_call_id} if tool_call_id else {}),
-        }
-    )
+    """Add one message to a conversation (creating it if new): text, an assistant tool call, a tool
+    result, or a whole OpenAI-format message with --message."""
+    message = _message_from_options(content, role, tool_call, tool_call_id, message_json, name)
+    if pinned or pin_key is not None:
+        message["pinned"] = True
     with _open(ctx, stores=True) as compressor:
-        stored = compressor.add_message(conversation_id, message, platform=platform)
+        if pin_key is not None:
+            stored = compressor.pin(conversation_id, message, key=pin_key, platform=platform, channel=channel)
+        else:
+            stored = compressor.add_message(
+                conversation_id, message, platform=platform, channel=channel, user_id=user_id
+            )
     if as_json:
         _print_json(stored)
         return
     out.print(f"Added message #{stored.sequence} to {conversation_id!r} ({stored.token_count} tokens).")
+    for call in stored.tool_calls or ():
+        fn = call.get("function") or {}
+        out.print(
+            f"  tool call {call.get('id')} ({fn.get('name', '?')}): store its result with "
+            f"--role tool --tool-call-id {call.get('id')}"
+        )
+
+
+def _read_arg(value: str) -> str:
+    # Like the shell's $(...): the newline that ends the input is not part of the message.
+    return _strip_final_newline(sys.stdin.read()) if value == "-" else value
+
+
+def _message_from_options(
+    content: str | None,
+    role: Role | None,
+    tool_call: list[str] | None,
+    tool_call_id: list[str] | None,
+    message_json: str | None,
+    name: str | None,
+) -> dict[str, Any]:
+    """The message ``add``'s options describe (the library checks it; here only their combination)."""
+    ids = tool_call_id or []
+    if message_json is not None:
+        if any(v is not None for v in (content, role, tool_call, tool_call_id, name)):
+            raise typer.BadParameter(
+                "--message holds the whole message: drop --content, --role, --name and the tool options",
+                param_hint="--message",
+            )
+        try:
+            message = json.loads(_read_arg(message_json))
+        except ValueError as exc:
+            raise typer.BadParameter(f"not JSON: {exc}", param_hint="--message") from None
+        if not isinstance(message, dict):
+            raise typer.BadParameter("must be a JSON object", param_hint="--message")
+        return message
+    if content is None and not tool_call:
+        raise typer.BadParameter("give --content, --tool-call or --message", param_hint="--content")
+    role = role or (Role.assistant if tool_call else Role.user)
+    message = {"role": role.value, "content": None if content is None else _read_arg(content)}
+    if name:
+        message["name"] = name
+    if tool_call:
+        if role is not Role.assistant:
+            raise typer.BadParameter("only assistant messages make tool calls", param_hint="--role")
+        if ids and len(ids) != len(tool_call):
+            raise typer.BadParameter(
+                f"{len(ids)} ids for {len(tool_call)} calls: give one per --tool-call, or none",
+                param_hint="--tool-call-id",
+            )
+        message["tool_calls"] = [
+            _tool_call(spec, ids[i] if ids else f"call_{uuid.uuid4().hex[:24]}")
+            for i, spec in enumerate(tool_call)
+        ]
+    elif ids:
+        if len(ids) > 1:
+            raise typer.BadParameter("a tool result answers one call", param_hint="--tool-call-id")
+        message["tool_call_id"] = ids[0]
+    return message
+
+
+def _tool_call(spec: str, call_id: str) -> dict[str, Any]:
+    fn, sep, arguments = spec.partition("=")
+    if not sep or not fn.strip():
+        raise typer.BadParameter(f"{spec!r} is not NAME=JSON", param_hint="--tool-call")
+    try:
+        json.loads(arguments)
+    except ValueError as exc:
+        raise typer.BadParameter(
+            f"the arguments of {fn!r} are not JSON: {exc}", param_hint="--tool-call"
+        ) from None
+    return {"id": call_id, "type": "function", "function": {"name": fn.strip(), "arguments": arguments}}
 
 
 @app.command()
@@ -618,9 +774,8 @@ def context(
         int | None,
         typer.Option(
             "--max-tokens",
-            min=1,
-            help="Token budget (default: the model's input window minus reserve_output_tokens, "
-            "else context_budget).",
+            help=f"Token budget, at least {MIN_MAX_TOKENS} (default: the model's input window minus "
+            "reserve_output_tokens, else context_budget).",
         ),
     ] = None,
     as_json: JsonOpt = False,
@@ -739,6 +894,147 @@ def search(
         out.print(f"No message of {conversation_id!r} contains {text!r}.")
     else:
         out.print(_messages_table(f"{len(found)} matches", [h.message for h in found], width=100))
+
+
+@app.command()
+def conversations(
+    ctx: typer.Context,
+    platform: Annotated[str | None, typer.Option(help="Only this platform.")] = None,
+    channel: Annotated[str | None, typer.Option(help="Only this channel, thread or chat id.")] = None,
+    user_id: Annotated[str | None, typer.Option("--user-id", help="Only those this user wrote in.")] = None,
+    active_since: Annotated[
+        str | None,
+        typer.Option(
+            "--active-since",
+            metavar="WHEN",
+            help="Only those with a message since WHEN: an ISO 8601 time with an offset, or an age "
+            "such as 30m, 12h, 7d.",
+            show_default=False,
+        ),
+    ] = None,
+    after: Annotated[
+        str | None, typer.Option(help="Start after this conversation id (for paging).", show_default=False)
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="Most conversations to list.")] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """List conversations in id order with their platform, channel, users, creation and last activity."""
+    since = _since(active_since) if active_since is not None else None
+    with _open(ctx) as compressor:
+        found = compressor.list_conversations(
+            platform=platform, channel=channel, user_id=user_id, active_since=since, after=after, limit=limit
+        )
+    if as_json:
+        _print_json(found)
+        return
+    if not found:
+        out.print(
+            "No conversations match."
+            if any((platform, channel, user_id, since, after))
+            else "No conversations stored yet."
+        )
+        return
+    # Ids, places and counts never wrap (they are copied into other commands); users may. Topic,
+    # archive and pin counts are in --json (a terminal is too narrow for them all).
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("conversation", no_wrap=True)
+    table.add_column("platform", no_wrap=True)
+    table.add_column("channel", no_wrap=True)
+    table.add_column("users", overflow="fold", min_width=8)
+    table.add_column("created", no_wrap=True)
+    table.add_column("last active", no_wrap=True)
+    table.add_column("msgs", justify="right", no_wrap=True)
+    for c in found:
+        table.add_row(
+            c.conversation_id,
+            c.platform or "-",
+            c.channel or "-",
+            ", ".join(c.users) or "-",
+            c.created_at.astimezone(UTC).strftime("%Y-%m-%d") if c.created_at else "-",
+            _when(c.last_active_at),
+            str(c.messages),
+        )
+    out.print(table)
+    if len(found) == limit:
+        out.print(f"[dim]More may follow: --after {found[-1].conversation_id}[/dim]")
+
+
+def _since(value: str) -> datetime:
+    """``--active-since``: an aware ISO 8601 time, or an age (``30m``, ``12h``, ``7d``) before now."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    text = value.strip()
+    if text[-1:] in units and text[:-1].isdigit():
+        return datetime.now(UTC) - timedelta(seconds=int(text[:-1]) * units[text[-1]])
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r} is neither an ISO 8601 time nor an age like 7d", param_hint="--active-since"
+        ) from None
+    if when.utcoffset() is None:
+        raise typer.BadParameter(
+            "give the time with its offset, e.g. 2025-01-31T00:00:00Z", param_hint="--active-since"
+        )
+    return when
+
+
+@app.command()
+def delete(
+    ctx: typer.Context,
+    conversation_id: ConversationArg,
+    yes: Annotated[
+        bool,
+        typer.Option("--yes", help="Confirm: every message, summary and archive of it is removed for good."),
+    ] = False,
+) -> None:
+    """Delete one conversation and everything stored for it (for privacy requests); needs --yes."""
+    if not yes:
+        raise typer.BadParameter(
+            f"deleting {conversation_id!r} removes all it holds for good; add --yes to confirm",
+            param_hint="--yes",
+        )
+    with _open(ctx) as compressor:
+        if not compressor.delete_conversation(conversation_id):
+            raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+    out.print(f"Deleted conversation {conversation_id!r}.")
+
+
+@app.command()
+def export(
+    ctx: typer.Context,
+    conversation_id: ConversationArg,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            dir_okay=False,
+            help="File to write (default: standard output).",
+            show_default=False,
+        ),
+    ] = None,
+    summaries: Annotated[
+        bool,
+        typer.Option(
+            "--summaries/--no-summaries",
+            help="Include topic summaries and archives (without them, an import finds the topics "
+            "again and maintenance summarises them).",
+        ),
+    ] = True,
+) -> None:
+    """Export a conversation as JSONL: every message exactly as stored, its pins, metadata, times and
+    summaries. 'tiered-history import FILE' restores it, here or in another database."""
+    with _open(ctx) as compressor:
+        text = compressor.export_conversation(conversation_id, summaries=summaries)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise TieredHistoryError(f"cannot write {output}: {exc}") from None
+    lines = text.count("\n")
+    err.print(f"Exported {conversation_id!r} to {output} ({lines} lines).")
 
 
 @app.command()

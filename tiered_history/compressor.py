@@ -12,7 +12,7 @@ import asyncio
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
@@ -320,6 +320,26 @@ class HistoryCompressor(BaseCompressor):
         """A new conversation ``new_id`` with this one's messages up to ``at_sequence`` (default: all)
         and the summaries of the topics that end by then (for retry and edit flows)."""
         return await self._run(self.reply.fork, conversation_id, new_id, at_sequence)
+
+    async def export_conversation(self, conversation_id: str, *, summaries: bool = True) -> str:
+        """The conversation as JSONL text (format: :mod:`tiered_history.exchange`): every message
+        exactly as stored, with its timestamp, metadata and pin, the active pins, the platform,
+        channel and users, and (``summaries``) its topic summaries and archives. Token counts are
+        not written: the importing side counts them with its own tokenizer."""
+        return await self._run(self.reply.export_conversation, conversation_id, summaries)
+
+    async def import_conversation(
+        self, data: str | Iterable[str], *, conversation_id: str | None = None
+    ) -> ConversationInfo:
+        """Store a conversation exported by :meth:`export_conversation` (its JSONL text, or its
+        lines), under ``conversation_id`` if given. The whole file is checked first and stored in
+        one transaction: all of it or, on any error, nothing. Importing the same file again is a
+        no-op; an existing conversation with other content is refused. A file without summaries
+        has its topics found again by the boundary rules (summarised by ``maintain()``)."""
+        info, pending = await self._run(self.reply.import_conversation, data, conversation_id)
+        if pending and self.settings.summarize_inline:
+            await self.maintain(info.conversation_id)
+        return info
 
     # -- background work -----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -32,8 +32,8 @@ from .core.phrases import phrases_for
 from .core.ranking import parse_query, recall_query, words
 from .core.recollection import Recollection, recollect
 from .core.render import item_line
-from .core.state import ConversationState, Guard, Outcome, WindowMark, Writes
-from .core.transitions import MANUAL, Incoming, Origin, append_all, fork, seal_now, unpin
+from .core.state import ConversationState, Guard, NewMessage, Outcome, WindowMark, Writes
+from .core.transitions import MANUAL, Incoming, Origin, append_all, fork, restore, seal_now, unpin
 from .errors import (
     BudgetTooSmallError,
     ConfigurationError,
@@ -42,6 +42,7 @@ from .errors import (
     StoreError,
     TransientStoreError,
 )
+from .exchange import check_tool_units, export_lines, pin_key, read_export, summaries_of
 from .messages import normalize_message
 from .models import (
     NO_CONTENT,
@@ -74,6 +75,8 @@ OPTIMISTIC_ATTEMPTS = 3
 REPLAN_SECONDS = 30.0
 #: Threads (and pooled connections) of a SQL store: enough for a bot's concurrent replies.
 STORE_THREADS = 8
+#: Reads of a conversation an export makes before giving up because writers keep changing it.
+EXPORT_ATTEMPTS = 10
 #: Conversation states remembered per compressor (the most recently used).
 STATE_CACHE = 4096
 
@@ -504,6 +507,94 @@ class ReplyPath:
         self.states.put(writes.state)
         return _info(writes.state)
 
+    # -- export and import ---------------------------------------------------------------------
+
+    def export_conversation(self, conversation_id: str, summaries: bool = True) -> str:
+        """The conversation as JSONL (:mod:`tiered_history.exchange`): every message exactly as
+        stored, its pins, metadata and timestamps, and (``summaries``) its topic summaries and archives."""
+        validate_conversation_id(conversation_id)
+        for _ in range(EXPORT_ATTEMPTS):
+            state = self.read_state(conversation_id)
+            if state is None:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            messages = self.store.read_messages(conversation_id, 1, state.last_sequence)
+            rows = []
+            if summaries:
+                rows = [
+                    *self.store.read_summaries(conversation_id, "topic"),
+                    *self.store.read_summaries(conversation_id, "bulk"),
+                ]
+            # The reads above are several: keep them only if nothing they show changed meanwhile
+            # (a context read changes the version but none of this).
+            again = self.store.read_state(conversation_id)
+            if again is not None and _exported_part(again) == _exported_part(state):
+                return "".join(export_lines(state, messages, rows))
+        raise StoreError(f"could not export conversation {conversation_id!r}: it kept changing")
+
+    def import_conversation(
+        self, data: str | Iterable[str], conversation_id: str | None = None
+    ) -> tuple[ConversationInfo, bool]:
+        """Store an exported conversation (under ``conversation_id`` if given), all or nothing;
+        returns it and whether it has topics left to summarise. Importing the same file again
+        changes nothing; a conversation of that id holding anything else is refused."""
+        exported = read_export(data)
+        cid = (
+            exported.conversation_id if conversation_id is None else validate_conversation_id(conversation_id)
+        )
+        prepared: list[Incoming] = []
+        for m in exported.messages:
+            try:
+                incoming = self.prepare(
+                    {**m.message, "timestamp": m.timestamp, "metadata": m.metadata, "pinned": m.pinned}
+                )
+            except InvalidMessageError as exc:
+                raise InvalidMessageError(f"message {m.sequence} of the file: {exc}") from None
+            prepared.append(replace(incoming, pin_key=pin_key(m)))
+        check_tool_units(prepared)
+        messages = [
+            to_stored(
+                cid,
+                NewMessage(
+                    m.sequence,
+                    n.role,
+                    n.content,
+                    n.wire,
+                    n.timestamp,
+                    n.token_count,
+                    n.full_token_count,
+                    n.pinned,
+                    n.pin_key,
+                    n.metadata,
+                ),
+            )
+            for m, n in zip(exported.messages, prepared, strict=True)
+        ]
+        summaries = summaries_of(exported, cid, messages, self.counter.count)
+        seed = ConversationState(
+            id=cid,
+            platform=exported.platform,
+            encoding=self.counter.encoding_name,
+            created_at=exported.created_at,
+            channel=exported.channel,
+            users=exported.users,
+            pins=exported.pins,
+        )
+        writes = restore(
+            seed, messages, summaries, self.rules_for(None, exported.platform), datetime.now(UTC)
+        )
+        pending = writes.state.needs_maintenance
+        if not self.store.commit(cid, Guard(None), writes).ok:
+            existing = self.read_state(cid)
+            planned = "".join(export_lines(writes.state, messages, summaries))
+            if existing is not None and self.export_conversation(cid, bool(summaries)) == planned:
+                return _info(existing), False  # imported before: nothing to do
+            raise InvalidMessageError(
+                f"conversation {cid!r} exists already and holds something else: delete it first, "
+                "or import under another id"
+            )
+        self.states.put(writes.state)
+        return _info(writes.state), pending
+
     def get_messages(
         self, conversation_id: str, first: int = 1, last: int | None = None
     ) -> list[StoredMessage]:
@@ -901,6 +992,19 @@ def _unit_of(hit: StoredMessage, around: dict[int, StoredMessage]) -> tuple[Stor
         unit.append(around[nxt])
         nxt += 1
     return tuple(unit) if not wanted else ()
+
+
+def _exported_part(state: ConversationState) -> tuple[object, ...]:
+    """What an export shows of a conversation's state: equal values, equal export."""
+    return (
+        state.last_sequence,
+        state.epoch,
+        state.pins,
+        state.archives_dropped_upto,
+        state.platform,
+        state.channel,
+        state.users,
+    )
 
 
 def _info(state: ConversationState) -> ConversationInfo:

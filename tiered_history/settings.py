@@ -181,6 +181,9 @@ class Settings(BaseSettings):
         file_values: dict[str, Any] = {}
         if path:
             file_values = read_yaml(Path(path))
+        # The original design's layout (ADR-033) is read as well, in the file or the overrides.
+        file_values, aliases = from_design_layout(file_values)
+        overrides, more = from_design_layout(dict(overrides))
         env_values = _env_values()
         merged = _deep_merge(_deep_merge(file_values, env_values), overrides)
         try:
@@ -189,7 +192,7 @@ class Settings(BaseSettings):
             # the merged values passed in take precedence.
             return cls.model_validate(merged)
         except ValidationError as exc:
-            raise ConfigurationError(describe_validation_error(exc)) from None
+            raise ConfigurationError(describe_validation_error(exc, {**aliases, **more})) from None
 
     @property
     def topic_share_tokens(self) -> int:
@@ -266,12 +269,114 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def describe_validation_error(exc: ValidationError) -> str:
+def describe_validation_error(exc: ValidationError, aliases: dict[str, str] | None = None) -> str:
+    """One line naming each bad key (``aliases``: our key -> the key the user wrote, when it differs)."""
     parts = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err.get("loc", ())) or "settings"
+        if aliases and key in aliases:
+            key = f"{aliases[key]} ({key})"
         msg = err.get("msg", "invalid")
         if err.get("type") == "extra_forbidden":
             msg = "unknown setting"
         parts.append(f"{key}: {msg}")
     return "invalid configuration: " + "; ".join(parts)
+
+
+# -- the original design's layout ------------------------------------------------------------------
+
+#: Where ADR-033 puts the settings: ``conversation.history.compression`` (and ``...history.model``).
+DESIGN_ROOT = "conversation.history.compression"
+#: Each key of that section (camelCase, as the design writes it) and the setting it maps onto.
+DESIGN_KEYS: dict[str, tuple[str, ...]] = {
+    "tiers.currentTopic": ("tiers", "current_topic"),
+    "tiers.historicalTopics": ("tiers", "topic_summaries"),
+    "tiers.bulkArchives": ("tiers", "bulk_archives"),
+    "maxMessageChars": ("max_message_chars",),
+    "topicSummaryTokens": ("topic_summary_tokens",),
+    "bulkSummaryTokens": ("bulk_summary_tokens",),
+    "bulkMergeSize": ("bulk_merge_size",),
+    "topicBoundary.silenceMinutes": ("silence_minutes",),
+    "topicBoundary.tokenThreshold": ("token_threshold",),
+}
+#: ``enabled: false``: no topic boundary is ever drawn, so nothing is summarised and the context
+#: is the newest messages verbatim (plus pinned ones and recall), cut to the budget.
+_DISABLED = {"boundaries": {"explicit": False, "temporal": False, "size": False, "cohesion": False}}
+
+
+def _section(value: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
+    if value is None:  # a YAML key with nothing under it
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"invalid configuration: {where}: must be a mapping of settings")
+    for key in value:
+        if key not in known:
+            raise ConfigurationError(
+                f"invalid configuration: {where}.{key}: unknown setting (known here: {', '.join(known)})"
+            )
+    return value
+
+
+def _leaves(values: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    out: set[tuple[str, ...]] = set()
+    for key, value in values.items():
+        path = (*prefix, str(key))
+        out |= _leaves(value, path) if isinstance(value, dict) and value else {path}
+    return out
+
+
+def from_design_layout(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``values`` with a ``conversation:`` section in ADR-033's layout mapped onto our settings.
+
+    Returns the settings and, for error messages, each mapped key's name in the design's layout.
+    Raises :class:`ConfigurationError` for a key that layout does not have, and for a setting
+    given in both layouts (which one wins would be a guess).
+    """
+    if "conversation" not in values:
+        return values, {}
+    rest = {k: v for k, v in values.items() if k != "conversation"}
+    conversation = _section(values["conversation"], "conversation", ("history",))
+    history = _section(conversation.get("history", {}), "conversation.history", ("compression", "model"))
+    groups = ("tiers", "topicBoundary")
+    top = ("enabled", *(k.split(".")[0] for k in DESIGN_KEYS))
+    compression = _section(history.get("compression", {}), DESIGN_ROOT, tuple(dict.fromkeys(top)))
+    mapped: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+
+    def put(path: tuple[str, ...], value: Any, written: str) -> None:
+        node = mapped
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+        aliases[".".join(path)] = written
+
+    for key, value in compression.items():
+        if key in groups:
+            known = tuple(k.split(".")[1] for k in DESIGN_KEYS if k.startswith(key + "."))
+            for sub, item in _section(value, f"{DESIGN_ROOT}.{key}", known).items():
+                put(DESIGN_KEYS[f"{key}.{sub}"], item, f"{DESIGN_ROOT}.{key}.{sub}")
+        elif key == "enabled":
+            if not isinstance(value, bool):
+                raise ConfigurationError(
+                    f"invalid configuration: {DESIGN_ROOT}.enabled: must be true or false"
+                )
+            if not value:
+                for name, on in _DISABLED["boundaries"].items():
+                    put(("boundaries", name), on, f"{DESIGN_ROOT}.enabled")
+        else:
+            put(DESIGN_KEYS[key], value, f"{DESIGN_ROOT}.{key}")
+    model = history.get("model")
+    if model is not None:  # null: the default summariser (ours is the offline extractive one)
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigurationError(
+                "invalid configuration: conversation.history.model: must be a model name or null"
+            )
+        put(("summarizer", "kind"), "litellm", "conversation.history.model")
+        put(("summarizer", "model"), model, "conversation.history.model")
+    twice = sorted(_leaves(mapped) & _leaves(rest))
+    if twice:
+        ours = ".".join(twice[0])
+        raise ConfigurationError(
+            f"invalid configuration: {ours} is set twice, as {aliases[ours]} and as {ours}; keep one"
+        )
+    return _deep_merge(rest, mapped), aliases

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -221,6 +221,17 @@ class SyncHistoryCompressor(BaseCompressor):
 
     def fork(self, conversation_id: str, new_id: str, at_sequence: int | None = None) -> ConversationInfo:
         return self._ready().fork(conversation_id, new_id, at_sequence)
+
+    def export_conversation(self, conversation_id: str, *, summaries: bool = True) -> str:
+        return self._ready().export_conversation(conversation_id, summaries)
+
+    def import_conversation(
+        self, data: str | Iterable[str], *, conversation_id: str | None = None
+    ) -> ConversationInfo:
+        info, pending = self._ready().import_conversation(data, conversation_id)
+        if pending and self.settings.summarize_inline:
+            self.maintain(info.conversation_id)
+        return info
 
     def maintain(self, conversation_id: str | None = None, now: datetime | None = None) -> MaintenanceReport:
         reply = self._ready()

@@ -17,6 +17,7 @@ from ..errors import InvalidMessageError
 from ..models import StoredMessage, Summary
 from .boundaries import UNSEAL, BoundaryRules, OpenTopic, decide
 from .boundaries import Incoming as Seen
+from .ranking import words
 from .state import (
     EMPTY,
     MAX_USERS,
@@ -604,12 +605,15 @@ def fork(
     at: int,
     rules: BoundaryRules,
     now: datetime,
+    *,
+    keep_spend: bool = False,
 ) -> Writes:
     """A new conversation holding ``source``'s messages up to ``at`` and the summaries of the topics
     (and archives) that end by then: a branch for retry and edit flows. Nothing of ``source`` changes.
 
     ``messages`` are the source's messages up to ``at`` (pinned ones included); ``summaries`` every
-    topic and archive of the source.
+    topic and archive of the source. ``keep_spend``: the summaries keep what they cost (a restored
+    conversation is the same one; a branch starts with no spend of its own).
     """
     kept = [s for s in summaries if s.last_sequence <= at]
     topics = sorted((s for s in kept if s.tier == "topic"), key=lambda s: s.sequence)
@@ -636,6 +640,10 @@ def fork(
             sealed_reason=s.sealed_reason,
             summarizer=s.summarizer,
             model=s.model,
+            prompt_tokens=s.prompt_tokens if keep_spend else 0,
+            completion_tokens=s.completion_tokens if keep_spend else 0,
+            cost=s.cost if keep_spend else 0.0,
+            latency_ms=s.latency_ms if keep_spend else 0.0,
             attempts=s.attempts,
             next_attempt_at=s.next_attempt_at,
             last_error=s.last_error,
@@ -646,7 +654,9 @@ def fork(
     )
     start = max((t.last_sequence for t in topics), default=0) + 1
     summarized = 0
-    for t in topics:  # the contiguous prefix of summarised topics
+    for t in topics:  # the contiguous prefix of summarised topics (a reopened one is no part of it)
+        if t.status == "superseded":
+            continue
         if t.status == "pending" or t.first_sequence != summarized + 1:
             break
         summarized = t.last_sequence
@@ -702,7 +712,16 @@ def fork(
         )
         for m in messages
     )
-    final = replace(cur, version=1, pins=state.pins, silence_due_at=silence_deadline(cur, rules))
+    # Counted over every message, as appending them one by one would have (the replay saw only
+    # the open topic's, and without their words).
+    final = replace(
+        cur,
+        version=1,
+        pins=state.pins,
+        silence_due_at=silence_deadline(cur, rules),
+        context_tokens=sum(m.token_count for m in messages if not m.pinned),
+        words=sum(len(words(m.content)) for m in messages),
+    )
     return Writes(final, rows_messages, rows, create=True)
 
 
@@ -715,3 +734,51 @@ def _wire_of(m: StoredMessage) -> dict[str, Any] | None:
     if m.tool_call_id is not None:
         wire["tool_call_id"] = m.tool_call_id
     return wire or None
+
+
+def restore(
+    seed: ConversationState,
+    messages: Sequence[StoredMessage],
+    summaries: Sequence[Summary],
+    rules: BoundaryRules,
+    now: datetime,
+) -> Writes:
+    """A conversation rebuilt from its messages (every one, oldest first) and its summaries.
+
+    ``seed`` carries what is kept as given: id, platform, channel, users, creation time, encoding
+    and the active pins. With summaries the topics are exactly theirs (as :func:`fork` does);
+    without, the messages are appended as one batch and the boundary rules find the topics again.
+    """
+    if summaries:
+        writes = fork(seed, seed.id, messages, summaries, len(messages), rules, now, keep_spend=True)
+    else:
+        batch = [
+            Incoming(
+                role=m.role,
+                content=m.content,
+                wire=_wire_of(m),
+                timestamp=m.timestamp,
+                token_count=m.token_count,
+                full_token_count=m.full_token_count,
+                pinned=m.pinned,
+                pin_key=m.pin_key,
+                tool_call_ids=tuple(str(c.get("id")) for c in m.tool_calls or ()),
+                tool_call_id=m.tool_call_id,
+                metadata=dict(m.metadata) or None,
+                words=len(words(m.content)),
+            )
+            for m in messages
+        ]
+        origin = Origin(seed.platform, seed.channel)
+        writes = append_all(
+            None,
+            seed.id,
+            batch,
+            rules,
+            platform=seed.platform,
+            encoding=seed.encoding,
+            now=now,
+            origin=origin,
+        )
+    state = replace(writes.state, created_at=seed.created_at or now, users=seed.users, pins=seed.pins)
+    return replace(writes, state=state)
