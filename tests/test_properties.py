@@ -445,12 +445,8 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
         wanted = {w for w in ranking.words(query) if w not in ranking.STOPWORDS}
         for m in ctx.recalled:
             # Its whole tool unit: the call and every result (the match may be in any of them).
-            ids = _ids(m) | {m.tool_call_id}
-            unit = [
-                x
-                for x in ctx.recalled
-                if x.sequence == m.sequence or (_ids(x) | {x.tool_call_id}) & ids - {None}
-            ]
+            call = next((x for x in ctx.recalled if m.tool_call_id in _ids(x)), m)
+            unit = [call, *(x for x in ctx.recalled if x.tool_call_id in _ids(call))]
             # (a call's arguments are searchable too)
             texts = [x.content + " " + json.dumps(x.tool_calls or []) for x in unit]
             assert any(wanted & set(ranking.words(t)) for t in texts), (query, m.content)
@@ -538,7 +534,18 @@ def run(url: str, ops: list[tuple[Any, ...]], budgets: list[int], context_budget
     if not url.startswith("memory://"):
         # The in-memory store must behave exactly like the SQL one on the same script.
         reference = asyncio.run(scenario("memory://", tag, ops, budgets, context_budget, seed))
-        assert observed == reference
+        assert len(observed) == len(reference)
+        for got, want in zip(observed, reference, strict=True):
+            # BM25 scores differ by backend (SQLite's FTS5 counts term statistics over the whole
+            # table, PostgreSQL and memory per conversation), so what is recalled may too; every
+            # other decision must be the same.
+            if _recalled(got) or _recalled(want):
+                continue
+            assert got == want
+
+
+def _recalled(entry: Any) -> bool:
+    return entry[0] == "query" or (len(entry) == 5 and entry[4].get("recall", 0) > 0)
 
 
 COMMON = {

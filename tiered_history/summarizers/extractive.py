@@ -552,9 +552,13 @@ class ExtractiveSummarizer:
         chosen: list[_Unit] = []
         for block, block_units in enumerate(by_block):
             share = reserve[block] + spare * weights[block] // sum(weights)
-            chosen += self._greedy(block_units, share, []) or self._best_head(block_units, share)
+            # A share too small for a clause gives no line: a few words of every piece would be
+            # word soup; the room goes to whole lines from the other pieces instead.
+            chosen += self._greedy(block_units, share, []) or self._best_head(
+                block_units, share, MIN_CLAUSE_WORDS
+            )
         # Whatever a piece left unused goes to the best remaining lines anywhere.
-        return self._greedy(units, budget, chosen)
+        return self._greedy(units, budget, chosen) or self._best_head(units, budget)
 
     # -- shared machinery -----------------------------------------------------------------------
 
@@ -632,17 +636,22 @@ class ExtractiveSummarizer:
     def _rank(self, unit: _Unit) -> float:
         return self._value(unit) / _length_norm(unit.tokens + unit.line_cost)
 
-    def _best_head(self, units: list[_Unit], budget: int) -> list[_Unit]:
-        """When no piece fits whole: the head, cut to fit with its label, that keeps the most (or nothing)."""
+    def _best_head(self, units: list[_Unit], budget: int, min_words: int = 0) -> list[_Unit]:
+        """When no piece fits whole: the head, cut to fit with its label, that keeps the most (or
+        nothing; nothing too when every head would be shorter than ``min_words`` words)."""
         candidates = sorted(units, key=lambda u: (-self._rank(u), u.order))[:HEAD_CANDIDATES]
-        heads = [head for unit in candidates if (head := self._head_unit(unit, budget)) is not None]
+        heads = [
+            head for unit in candidates if (head := self._head_unit(unit, budget, min_words)) is not None
+        ]
         return [max(heads, key=lambda h: (self._value(h), -h.order))] if heads else []
 
-    def _head_unit(self, unit: _Unit, budget: int) -> _Unit | None:
+    def _head_unit(self, unit: _Unit, budget: int, min_words: int = 0) -> _Unit | None:
         """``unit`` cut to its head so that it fits ``budget`` with its label, worth what the head keeps."""
         limit = budget - self.counter.count(unit.prefix)
         while limit > 0:
             text = self._clip(unit.text, limit)
+            if text != unit.text and len(text.split()) < min_words:
+                return None  # "For food…" tells a model nothing: better no line than word soup
             if text and self.counter.count(unit.prefix + text) <= budget:
                 kept = set(_content_words(_lower_words(text)))
                 lowered = text.lower()
