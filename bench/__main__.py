@@ -19,6 +19,7 @@ STEPS: list[list[str]] = [
     ["bench.boundaries", "--out", str(DOC)],
     ["bench.retention", "--out", str(DOC)],
     ["bench.llm_cost", "--out", str(DOC)],
+    ["bench.inspector", "--messages", "100000", "--out", str(DOC)],
 ]
 LOAD = ["--conversations", "1000", "--clients", "4", "--workers", "2", "--seconds", "30"]
 

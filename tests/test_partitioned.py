@@ -118,6 +118,8 @@ def test_rows_spread_over_partitions_and_each_statement_reads_one(pg_partitioned
         "terms": ["message"],
         "n": 10,
         "avg": 5.0,
+        "dfcap": 1000,
+        "cap": 400,
     }
     statements = {
         "pinned": q.pinned,

@@ -61,6 +61,11 @@ _STATE_COLS = (
     "key, id, version, platform, encoding, created_at, updated_at, lease_owner, lease_expires_at, state"
 )
 
+#: PostgreSQL search bounds (see the statement): a word in more rows of a conversation than this
+#: is not scored; at most this many of each word's newest rows are ranked.
+PG_DF_CAP = 1000
+PG_CANDIDATES_PER_WORD = 400
+
 
 class Statements:
     """Every statement the store runs, as SQL text in the driver's parameter style, built once."""
@@ -127,20 +132,29 @@ class Statements:
         m_cols = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLS.split(","))
         s_cols = ", ".join(f"x.{c.strip()}" for c in _SUMMARY_COLS.split(","))
         if pg:
-            # BM25 over the tsvector of the matching rows; df counted among them, n and the average
-            # length from the conversation's state (documents matching no word never score).
+            # BM25 over the tsvectors of a bounded candidate set, so that a common word cannot make a
+            # reply read every row of a long conversation: per query word, its document frequency
+            # counted up to :dfcap (a word in more rows than that is too common to rank by and is
+            # not scored) and its :cap newest matching rows; n and the average length come from the
+            # conversation's state. Below the caps this is exact BM25, as the other stores rank.
             def bm25(table: str, cols: str, order: str, extra: str) -> str:
+                match = "x.tsv @@ to_tsquery('simple', quote_literal(t.lexeme))"
                 return (
-                    f"WITH cand AS (SELECT x.id, x.tsv FROM {table} x WHERE x.conv = :conv{extra} "
-                    "AND x.tsv @@ to_tsquery('simple', :tsq)), "
-                    "tf AS (SELECT c.id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf "
-                    "FROM cand c, unnest(c.tsv) u WHERE u.lexeme = ANY(:terms)), "
-                    "dl AS (SELECT c.id, (SELECT coalesce(sum(coalesce(array_length(v.positions, 1), 1)), 0) "
-                    "FROM unnest(c.tsv) v) AS dl FROM cand c), "
-                    "df AS (SELECT lexeme, count(*) AS n FROM tf GROUP BY lexeme), "
-                    "sc AS (SELECT tf.id, sum(greatest(ln((:n - df.n + 0.5) / (df.n + 0.5)), 1e-6) "
-                    "* tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * dl.dl / :avg))) AS score "
-                    "FROM tf JOIN df USING (lexeme) JOIN dl USING (id) GROUP BY tf.id) "
+                    "WITH t AS (SELECT DISTINCT unnest(CAST(:terms AS text[])) AS lexeme), "
+                    "df AS (SELECT t.lexeme, (SELECT count(*) FROM (SELECT 1 FROM "
+                    f"{table} x WHERE x.conv = :conv{extra} AND {match} LIMIT :dfcap) s) AS n FROM t), "
+                    "used AS (SELECT lexeme, n FROM df WHERE n < :dfcap), "
+                    "cand AS (SELECT DISTINCT c.id, c.tsv FROM used t CROSS JOIN LATERAL ("
+                    f"SELECT x.id, x.tsv FROM {table} x WHERE x.conv = :conv{extra} AND {match} "
+                    f"ORDER BY {order} DESC LIMIT :cap) c "
+                    "WHERE c.tsv @@ to_tsquery('simple', :tsq)), "
+                    "dl AS (SELECT c.id, c.tsv, (SELECT coalesce(sum(coalesce(array_length(v.positions, 1), "
+                    "1)), 0) FROM unnest(c.tsv) v) AS dl FROM cand c), "
+                    "tf AS (SELECT d.id, d.dl, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf "
+                    "FROM dl d, unnest(d.tsv) u WHERE u.lexeme IN (SELECT lexeme FROM used)), "
+                    "sc AS (SELECT tf.id, sum(greatest(ln((:n - used.n + 0.5) / (used.n + 0.5)), 1e-6) "
+                    "* tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / :avg))) AS score "
+                    "FROM tf JOIN used USING (lexeme) GROUP BY tf.id) "
                     f"SELECT {cols}, sc.score FROM sc JOIN {table} x ON x.conv = :conv AND x.id = sc.id "
                     f"ORDER BY sc.score DESC, {order} DESC LIMIT :lim"
                 )
@@ -578,6 +592,8 @@ class SQLStore:
                 "terms": terms,
                 "n": max(int(n), 1),
                 "avg": max(float(avg), 1.0),
+                "dfcap": PG_DF_CAP,
+                "cap": PG_CANDIDATES_PER_WORD,
             }
             params["lim"] = limit
         cur.execute(sql, params)
