@@ -7,6 +7,7 @@ oldest ones, within an exact token budget; nothing stored is ever changed or los
 from __future__ import annotations
 
 from .compressor import HistoryCompressor
+from .core.boundaries import BoundaryDetector, Proposal, Turn
 from .core.recollection import Excerpt, Recollection, recall_tool
 from .errors import (
     BudgetTooSmallError,
@@ -47,6 +48,7 @@ from .tokens import TokenCounter
 __version__ = "0.1.0"
 
 __all__ = [
+    "BoundaryDetector",
     "BudgetTooSmallError",
     "CompressedContext",
     "ConfigurationError",
@@ -61,6 +63,7 @@ __all__ = [
     "InvalidMessageError",
     "MaintenanceReport",
     "Message",
+    "Proposal",
     "Recollection",
     "SchemaError",
     "SearchHit",
@@ -78,6 +81,7 @@ __all__ = [
     "TokenCounter",
     "TranscriptError",
     "TransientStoreError",
+    "Turn",
     "__version__",
     "recall_tool",
     "record_spend",

@@ -17,8 +17,10 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
 
+from .core.boundaries import DETECTOR_NAME_CHARS, BoundaryDetector
 from .core.budget import escalation_budget
 from .core.recollection import Recollection
+from .errors import ConfigurationError
 from .maintenance import Maintenance, MaintenanceReport
 from .models import (
     CompressedContext,
@@ -43,6 +45,27 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+def check_detectors(detectors: Sequence[BoundaryDetector]) -> tuple[BoundaryDetector, ...]:
+    """The detectors, checked once: each needs a short ``name``, a ``window`` and ``propose``."""
+    if isinstance(detectors, str | bytes | BoundaryDetector):
+        raise ConfigurationError("detectors must be a list of BoundaryDetector objects")
+    out = tuple(detectors)
+    for d in out:
+        name = getattr(d, "name", None)
+        window = getattr(d, "window", None)
+        if not isinstance(d, BoundaryDetector) or not callable(getattr(d, "propose", None)):
+            raise ConfigurationError(
+                f"{d!r} is not a BoundaryDetector (it needs name, window and async propose(turns))"
+            )
+        if not isinstance(name, str) or not 0 < len(name) <= DETECTOR_NAME_CHARS or not name.isprintable():
+            raise ConfigurationError(
+                f"a detector's name must be 1 to {DETECTOR_NAME_CHARS} printable characters, not {name!r}"
+            )
+        if type(window) is not int or window < 1:
+            raise ConfigurationError(f"detector {name!r}: window must be a positive integer, not {window!r}")
+    return out
+
+
 class BaseCompressor:
     """What both faces share: settings, the store, the reply path, maintenance."""
 
@@ -52,14 +75,18 @@ class BaseCompressor:
         *,
         settings: Settings | None = None,
         summarizer: Summarizer | Mapping[str, Any] | None = None,
+        detectors: Sequence[BoundaryDetector] = (),
         **overrides: Any,
     ) -> None:
         parts = build(target, settings, summarizer, overrides)
         s = self.settings = parts.settings
+        self.detectors = check_detectors(detectors)
         self.counter = parts.counter
         self.summarizer: Summarizer = parts.summarizer
         self.fallback = parts.fallback
-        self.reply = ReplyPath(s, parts.counter, parts.store)
+        # The reply path only counts what the detectors have not seen; maintenance asks them.
+        every = s.boundaries.detector_every if self.detectors else 0
+        self.reply = ReplyPath(s, parts.counter, parts.store, detect_every=every)
         threads = 1 if getattr(parts.store, "single_connection", False) else STORE_THREADS
         self.store = AsyncStore(parts.store, threads)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -90,6 +117,9 @@ class BaseCompressor:
             max_attempts=s.summary_max_attempts,
             retry_backoff_seconds=s.retry_backoff_seconds,
             merge_size=s.bulk_merge_size,
+            detectors=self.detectors,
+            detect_every=s.boundaries.detector_every,
+            detector_timeout_seconds=s.boundaries.detector_timeout_seconds,
         )
         self._initialized = False
         self._background: Any = None
@@ -101,10 +131,11 @@ class BaseCompressor:
         *,
         settings: Settings | None = None,
         summarizer: Summarizer | Mapping[str, Any] | None = None,
+        detectors: Sequence[BoundaryDetector] = (),
         **overrides: Any,
     ) -> Self:
         """A compressor on the database at ``url`` (see the class docstring)."""
-        return cls(url, settings=settings, summarizer=summarizer, **overrides)
+        return cls(url, settings=settings, summarizer=summarizer, detectors=detectors, **overrides)
 
     @property
     def sync_store(self) -> Store:
@@ -122,6 +153,10 @@ class HistoryCompressor(BaseCompressor):
     ``target`` is a database URL (``sqlite:///history.db``, ``sqlite://``,
     ``postgresql://user@host/db``, ``memory://``), a SQLAlchemy ``Engine`` you own
     (it is not disposed on close) or a store object.
+
+    ``detectors`` are pluggable topic-boundary detectors (:class:`~tiered_history.BoundaryDetector`:
+    embeddings, an LLM). Only background maintenance asks them, never ``add_message`` or
+    ``get_context``; see docs/configuration.md, "Pluggable boundary detectors".
     """
 
     def __init__(
@@ -130,9 +165,10 @@ class HistoryCompressor(BaseCompressor):
         *,
         settings: Settings | None = None,
         summarizer: Summarizer | Mapping[str, Any] | None = None,
+        detectors: Sequence[BoundaryDetector] = (),
         **overrides: Any,
     ) -> None:
-        super().__init__(target, settings=settings, summarizer=summarizer, **overrides)
+        super().__init__(target, settings=settings, summarizer=summarizer, detectors=detectors, **overrides)
         self._init_lock = asyncio.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -184,7 +220,7 @@ class HistoryCompressor(BaseCompressor):
             reply.add_message, conversation_id, message, platform=platform, channel=channel, user_id=user_id
         )
         if sealed and self.settings.summarize_inline:
-            await self.maintain(conversation_id)
+            await self._maintain_inline(conversation_id)
         return stored
 
     async def add_messages(
@@ -202,7 +238,7 @@ class HistoryCompressor(BaseCompressor):
             reply.add_messages, conversation_id, messages, platform=platform, channel=channel, user_id=user_id
         )
         if sealed and self.settings.summarize_inline:
-            await self.maintain(conversation_id)
+            await self._maintain_inline(conversation_id)
         return stored
 
     async def pin(
@@ -250,7 +286,7 @@ class HistoryCompressor(BaseCompressor):
         """Close the open topic now; it is summarised by the next ``maintain()``."""
         sealed = await self._run(self.reply.seal_current_topic, conversation_id)
         if sealed is not None and self.settings.summarize_inline:
-            await self.maintain(conversation_id)
+            await self._maintain_inline(conversation_id)
         return sealed
 
     async def get_history(self, conversation_id: str) -> History:
@@ -355,6 +391,11 @@ class HistoryCompressor(BaseCompressor):
         elif not self._initialized:
             await self.initialize()
         return await self.maintenance.run(conversation_id, now)
+
+    async def _maintain_inline(self, conversation_id: str) -> MaintenanceReport:
+        """``maintain(conversation_id)`` run by a reply (``summarize_inline``): without the pluggable
+        detectors, which never slow a reply."""
+        return await self.maintenance.run(conversation_id, detect=False)
 
     async def start_background(self, interval_seconds: float | None = None) -> None:
         """Run ``maintain()`` every ``maintenance_interval_seconds`` inside this event loop."""

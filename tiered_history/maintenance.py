@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .core import escalation, transitions
-from .core.boundaries import BoundaryRules
+from .core.boundaries import (
+    DETECTOR,
+    BoundaryDetector,
+    BoundaryRules,
+    Proposal,
+    Turn,
+    choose_proposal,
+    proposer,
+)
 from .core.budget import EscalationBudget, topic_target
 from .core.state import ConversationState, Outcome, Writes
-from .models import Summary
+from .models import StoredMessage, Summary
 from .store.aio import AsyncStore
 from .store.base import LeaseLostError
 from .summarizers.pipeline import SummaryPipeline
@@ -42,6 +50,10 @@ class MaintenanceReport:
     rolled_up: int = 0
     """Archives rolled up into coarser ones (the oldest parts: the timeline stays represented)."""
     dropped: int = 0
+    detector_splits: int = 0
+    """Topics sealed on a pluggable detector's proposal (counted in ``sealed`` too)."""
+    detector_merges: int = 0
+    """Topics reopened on a pluggable detector's proposal."""
     lease_lost: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -61,6 +73,9 @@ class Maintenance:
         max_attempts: int,
         retry_backoff_seconds: float,
         merge_size: int,
+        detectors: Sequence[BoundaryDetector] = (),
+        detect_every: int = 1,
+        detector_timeout_seconds: float = 30.0,
     ) -> None:
         self.store = store
         self.pipeline = pipeline
@@ -71,9 +86,17 @@ class Maintenance:
         self.max_attempts = max_attempts
         self.retry_backoff = timedelta(seconds=retry_backoff_seconds)
         self.merge_size = merge_size
+        self.detectors = tuple(detectors)
+        self.detect_every = detect_every
+        self.detector_timeout = detector_timeout_seconds
 
-    async def run(self, conversation_id: str | None = None, now: datetime | None = None) -> MaintenanceReport:
-        """One pass over every conversation with work due (or just ``conversation_id``)."""
+    async def run(
+        self, conversation_id: str | None = None, now: datetime | None = None, *, detect: bool = True
+    ) -> MaintenanceReport:
+        """One pass over every conversation with work due (or just ``conversation_id``).
+
+        ``detect=False`` leaves the pluggable detectors out (a pass run inline by a reply).
+        """
         report = MaintenanceReport()
         after: str | None = None  # a pass walks the conversations with work once, in id order
         while True:
@@ -83,7 +106,7 @@ class Maintenance:
             )
             for cid in claimed:
                 report.conversations += 1
-                await self._compact(cid, at, report)
+                await self._compact(cid, at, report, detect)
             if conversation_id is not None or not claimed:
                 return report
             # Conversations that still have work (a topic that cannot be sealed yet, say) stay
@@ -113,13 +136,16 @@ class Maintenance:
         fresh = await self.store.state(cid)
         return (fresh or state), False
 
-    async def _compact(self, cid: str, now: datetime, report: MaintenanceReport) -> None:
+    async def _compact(self, cid: str, now: datetime, report: MaintenanceReport, detect: bool) -> None:
         owner = self.worker_id
         state = await self.store.state(cid)
         if state is None:
             return
         rules = self.rules(state)
         try:
+            if detect and self.detectors and transitions.detection_due(state, self.detect_every):
+                # Before the silence rule: a topic that went quiet may still hold a boundary.
+                state = await self._detect(cid, state, rules, now, report)
             state, sealed = await self._commit(
                 cid, state, lambda s: _first(transitions.seal_if_silent(s, rules, now))
             )
@@ -216,10 +242,101 @@ class Maintenance:
             merges += 1
         return merges
 
+    async def _detect(
+        self,
+        cid: str,
+        state: ConversationState,
+        rules: BoundaryRules,
+        now: datetime,
+        report: MaintenanceReport,
+    ) -> ConversationState:
+        """Ask the pluggable detectors about the open topic's newest messages and apply the proposal
+        :func:`choose_proposal` picks; the messages they saw are not offered to them again."""
+        await self._renew(cid)
+        start, upto = state.topic_start_seq, state.last_sequence
+        window = max(d.window for d in self.detectors)
+        rows = await self.store.read_messages(cid, max(start, upto - window + 1), upto)
+        turns = [
+            Turn(m.sequence, m.role, m.content, m.timestamp, m.token_count) for m in rows if not m.pinned
+        ]
+        votes = [
+            v for found in await asyncio.gather(*(self._ask(d, turns) for d in self.detectors)) for v in found
+        ]
+        await self._renew(cid)
+        chosen = choose_proposal([p for _, p in votes], rules, transitions.open_topic(state), turns)
+        reason = DETECTOR + proposer(votes, chosen) if chosen is not None else ""
+        messages: list[StoredMessage] = []
+        if chosen is not None and chosen.kind == "split":
+            # The whole open topic as it is now (a reply may have come while the detectors thought).
+            fresh = await self.store.state(cid) or state
+            if fresh.topic_start_seq == start:
+                messages = await self.store.read_messages(cid, start, fresh.last_sequence)
+        outcome: list[str] = []
+
+        def plan(s: ConversationState) -> Writes:
+            done = transitions.apply_proposal(s, chosen, reason, messages, rules, now, start=start, upto=upto)
+            outcome[:] = [done.outcome]
+            return done.writes
+
+        state, saved = await self._commit(cid, state, plan)
+        if saved and outcome == ["split"]:
+            report.sealed += 1
+            report.detector_splits += 1
+            log.info("%s: topic sealed before message %s (%s)", cid, state.topic_start_seq, reason)
+        elif saved and outcome == ["merge"]:
+            report.detector_merges += 1
+            log.info(
+                "%s: topic reopened from message %s on a detector's proposal", cid, state.topic_start_seq
+            )
+        return state
+
+    async def _ask(self, detector: BoundaryDetector, turns: Sequence[Turn]) -> list[tuple[str, Proposal]]:
+        """One detector's proposals, or none when it fails, answers nonsense or takes too long."""
+        mine = list(turns[-detector.window :])
+        if not mine:
+            return []
+        task: asyncio.Future[Sequence[Proposal]] | None = None
+        try:
+            task = asyncio.ensure_future(detector.propose(mine))
+            # wait(), not wait_for(): a detector that swallows its cancellation cannot hold the pass.
+            done, _ = await asyncio.wait({task}, timeout=self.detector_timeout)
+            if not done:
+                log.warning(
+                    "boundary detector %r gave no answer within %ss; ignored",
+                    detector.name,
+                    self.detector_timeout,
+                )
+                return []
+            return [(detector.name, p) for p in task.result() if _valid(p)]
+        except Exception:
+            log.warning("boundary detector %r failed; ignored", detector.name, exc_info=True)
+            return []
+        finally:
+            if task is not None and not task.done():
+                task.cancel()
+                task.add_done_callback(_retrieve)
+
     async def _renew(self, cid: str) -> None:
         until = datetime.now(UTC) + timedelta(seconds=self.lease_seconds)
         if not await self.store.renew(self.worker_id, cid, until):
             raise LeaseLostError(cid)
+
+
+def _valid(p: object) -> bool:
+    """A well-formed proposal (anything else a detector returns is dropped, not trusted)."""
+    return (
+        isinstance(p, Proposal)
+        and type(p.sequence) is int
+        and isinstance(p.confidence, int | float)
+        and not isinstance(p.confidence, bool)
+        and p.kind in ("split", "merge")
+    )
+
+
+def _retrieve(task: asyncio.Future[Sequence[Proposal]]) -> None:
+    """Collect an abandoned detector call's outcome (so asyncio does not report it as lost)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _first(pair: tuple[Writes, object] | None) -> Writes | None:

@@ -183,8 +183,12 @@ def build(
 class ReplyPath:
     """Every call of the reply path, synchronous: validate, plan with the core, read or commit."""
 
-    def __init__(self, settings: Settings, counter: TokenCounter, store: Store) -> None:
+    def __init__(
+        self, settings: Settings, counter: TokenCounter, store: Store, *, detect_every: int = 0
+    ) -> None:
         s = settings
+        self.detect_every = detect_every
+        """Pluggable detectors are configured (maintenance runs them): see ``BoundaryRules.detect_every``."""
         self.settings = settings
         self.counter = counter
         self.store = store
@@ -245,6 +249,7 @@ class ReplyPath:
             # The size rule follows the budget the conversation is read with (issue 14).
             size_limit=topic_size_limit(budget or s.context_budget, s.tiers.current_topic, s.token_threshold),
             min_tokens=b.min_topic_tokens,
+            detect_every=self.detect_every,
         )
 
     def plan_for(self, state: ConversationState) -> EscalationBudget:

@@ -64,6 +64,11 @@ class BoundarySettings(BaseModel):
         default_factory=lambda: list(_TRIGGER_ROLES)
     )
     min_topic_tokens: int = Field(120, ge=0, le=1_000_000)
+    detector_every: int = Field(4, ge=1, le=100_000)
+    """Pluggable detectors (``HistoryCompressor(detectors=...)``) are asked about an open topic
+    again once it holds this many new messages."""
+    detector_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    """A pluggable detector that has not answered by then is ignored for that pass."""
 
     @model_validator(mode="after")
     def _known_languages(self) -> BoundarySettings:

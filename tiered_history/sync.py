@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from .compressor import BaseCompressor, HistoryCompressor
+from .core.boundaries import BoundaryDetector
 from .core.recollection import Recollection
 from .maintenance import MaintenanceReport
 from .models import (
@@ -76,9 +77,10 @@ class SyncHistoryCompressor(BaseCompressor):
         *,
         settings: Settings | None = None,
         summarizer: Summarizer | Mapping[str, Any] | None = None,
+        detectors: Sequence[BoundaryDetector] = (),
         **overrides: Any,
     ) -> None:
-        super().__init__(target, settings=settings, summarizer=summarizer, **overrides)
+        super().__init__(target, settings=settings, summarizer=summarizer, detectors=detectors, **overrides)
         self._loop = _LoopThread()
         self._init_lock = threading.Lock()
 
@@ -124,7 +126,7 @@ class SyncHistoryCompressor(BaseCompressor):
             conversation_id, message, platform=platform, channel=channel, user_id=user_id
         )
         if sealed and self.settings.summarize_inline:
-            self.maintain(conversation_id)
+            self._loop.run(self.maintenance.run(conversation_id, detect=False))
         return stored
 
     def add_messages(
@@ -141,7 +143,7 @@ class SyncHistoryCompressor(BaseCompressor):
             conversation_id, messages, platform=platform, channel=channel, user_id=user_id
         )
         if sealed and self.settings.summarize_inline:
-            self.maintain(conversation_id)
+            self._loop.run(self.maintenance.run(conversation_id, detect=False))
         return stored
 
     def pin(
@@ -171,7 +173,7 @@ class SyncHistoryCompressor(BaseCompressor):
     def seal_current_topic(self, conversation_id: str) -> Summary | None:
         sealed = self._ready().seal_current_topic(conversation_id)
         if sealed is not None and self.settings.summarize_inline:
-            self.maintain(conversation_id)
+            self._loop.run(self.maintenance.run(conversation_id, detect=False))
         return sealed
 
     def get_history(self, conversation_id: str) -> History:

@@ -48,6 +48,7 @@ from .phrases import PhraseMatcher, anchored_phrase, phrase_pattern
 
 __all__ = [
     "COHESION",
+    "DETECTOR",
     "EXPLICIT",
     "MANUAL",
     "SIZE",
@@ -65,6 +66,7 @@ __all__ = [
     "decide",
     "explicit_boundary",
     "phrase_pattern",
+    "proposer",
     "silence_elapsed",
     "size_boundary",
     "temporal_boundary",
@@ -146,6 +148,9 @@ class BoundaryRules:
     cohesion_question_min_terms: int = 0
     cohesion_question_split: bool = True
     cohesion_fresh_question_novelty: float = 0.5
+    detect_every: int = 0
+    """Pluggable detectors are configured: the open topic is due for them (maintenance is asked
+    for) once it holds this many messages they have not seen (0: no pluggable detectors)."""
 
     @property
     def cohesion_params(self) -> CohesionParams:
@@ -420,9 +425,10 @@ def choose_proposal(
     - Proposals are advisory and late: the built-in rules have already run on every
       message, and what they sealed stands (a detector cannot undo a phrase or a size
       seal; it can merge only what :func:`decide` could unseal, see ``merge`` below).
-    - A split must fall strictly inside the open topic (``topic.start`` < sequence),
-      not on a tool result, and leave at least ``rules.min_tokens`` tokens before it (the
-      engine still moves the cut so that no tool call is split from its results).
+    - A split must fall strictly inside the open topic (``topic.start`` < sequence) and
+      among ``turns`` (the open topic's newest messages, as the detectors saw them), not on
+      a tool result, and leave at least ``rules.min_tokens`` tokens before it (the engine
+      still moves the cut so that no tool call is split from its results).
     - A merge asks to reopen the topic sealed last; the engine applies it only if that
       seal was by silence or by the content detector, as for an unseal.
     - Confidence must reach :data:`PROPOSAL_CONFIDENCE`. Proposals for the same sequence
@@ -439,7 +445,8 @@ def choose_proposal(
             turn = by_seq.get(p.sequence)
             if turn is None or p.sequence <= topic.start or turn.role == "tool":
                 continue
-            before = sum(t.tokens for t in turns if topic.start <= t.sequence < p.sequence)
+            # ``turns`` end with the topic but may begin after it: count back from its total.
+            before = topic.tokens - sum(t.tokens for t in turns if t.sequence >= p.sequence)
             if before < rules.min_tokens:
                 continue
         elif topic.last_seal_start is None:
@@ -457,3 +464,23 @@ def choose_proposal(
         return None
     conf, neg_seq, kind = best
     return Proposal(-neg_seq, conf, "merge" if kind == "merge" else "split")
+
+
+#: A topic a pluggable detector sealed is recorded with reason ``"detector:<name>"``.
+DETECTOR = "detector:"
+#: Longest detector name (the reason column holds 32 characters).
+DETECTOR_NAME_CHARS = 32 - len(DETECTOR)
+
+
+def proposer(proposals: Sequence[tuple[str, Proposal]], chosen: Proposal) -> str:
+    """The detector behind ``chosen``: of those that proposed its kind and sequence, the most
+    confident (the first listed on a tie)."""
+    best: tuple[float, str] | None = None
+    for name, p in proposals:
+        if (
+            p.kind == chosen.kind
+            and p.sequence == chosen.sequence
+            and (best is None or p.confidence > best[0])
+        ):
+            best = (p.confidence, name)
+    return best[1] if best is not None else ""

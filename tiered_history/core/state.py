@@ -196,6 +196,8 @@ class ConversationState:
     """Where the conversation happens on its platform (a channel, thread or chat id)."""
     users: tuple[str, ...] = ()
     """Ids of the platform users who wrote in it, first seen first (at most :data:`MAX_USERS`)."""
+    detected_upto: int = 0
+    """The newest sequence the pluggable boundary detectors have been asked about (0: never)."""
     needs_maintenance: bool = False
     next_retry_at: datetime | None = None
     silence_due_at: datetime | None = None
@@ -259,6 +261,7 @@ class ConversationState:
                 "words": self.words,
                 "channel": self.channel,
                 "users": list(self.users),
+                "detected": self.detected_upto,
                 "maint": self.needs_maintenance,
                 "retry_at": _ts(self.next_retry_at),
                 "silence_at": _ts(self.silence_due_at),
@@ -314,6 +317,7 @@ class ConversationState:
             words=d.get("words", 0),
             channel=d.get("channel"),
             users=tuple(d.get("users", ())),
+            detected_upto=d.get("detected", 0),
             needs_maintenance=d["maint"],
             next_retry_at=_dt(d["retry_at"]),
             silence_due_at=_dt(d["silence_at"]),

@@ -15,8 +15,9 @@ from typing import Any
 
 from ..errors import InvalidMessageError
 from ..models import StoredMessage, Summary
-from .boundaries import UNSEAL, BoundaryRules, OpenTopic, decide
+from .boundaries import COHESION, UNSEAL, BoundaryRules, OpenTopic, Proposal, decide
 from .boundaries import Incoming as Seen
+from .cohesion import CohesionState
 from .ranking import words
 from .state import (
     EMPTY,
@@ -330,6 +331,8 @@ def append(
         words=cur.words + m.words,
     )
     after = replace(after, silence_due_at=silence_deadline(after, rules))
+    if rules.detect_every and detection_due(after, rules.detect_every):
+        after = replace(after, needs_maintenance=True)  # the pluggable detectors run in maintenance
     row = NewMessage(
         sequence=seq,
         role=m.role,
@@ -414,6 +417,160 @@ def seal_if_silent(
     if state.open.tokens < rules.min_tokens or state.last_message_at >= now - rules.silence:
         return None
     return seal_now(state, rules, SILENCE, now)
+
+
+# -- pluggable detectors ---------------------------------------------------------------------------
+
+
+def open_topic(state: ConversationState) -> OpenTopic:
+    """The open topic as the boundary rules (and :func:`~.boundaries.choose_proposal`) see it."""
+    return _open_topic(state)
+
+
+def detection_due(state: ConversationState, every: int) -> bool:
+    """The open topic holds at least ``every`` messages the pluggable detectors have not been asked about."""
+    seen = max(state.detected_upto, state.topic_start_seq - 1)
+    return state.open.messages > 0 and state.last_sequence - seen >= every
+
+
+@dataclass(frozen=True, slots=True)
+class Detected:
+    """What applying the detectors' verdict writes, and what it did."""
+
+    writes: Writes
+    outcome: str
+    """``"split"``, ``"merge"`` or ``"none"`` (only the detectors' progress is recorded)."""
+
+
+def apply_proposal(
+    state: ConversationState,
+    chosen: Proposal | None,
+    reason: str,
+    messages: Sequence[StoredMessage],
+    rules: BoundaryRules,
+    now: datetime,
+    *,
+    start: int,
+    upto: int,
+) -> Detected:
+    """Apply the proposal :func:`~.boundaries.choose_proposal` picked for the open topic as it was
+    when the detectors were asked (it began at ``start``; they saw it up to ``upto``).
+
+    A split seals the open topic before ``chosen.sequence`` (moved earlier, as every seal is, so
+    that no tool call is split from its results) with ``reason``; ``messages`` must be the open
+    topic's stored messages, every one of them. A merge reopens the topic sealed last if silence
+    or the content detector sealed it (as an unseal would). Whatever happens, the detectors are
+    not asked about messages up to ``upto`` again: a proposal that no longer fits (the topic
+    was sealed meanwhile, a reply arrived since the messages were read) is dropped, never retried.
+    """
+    marked = state.bumped(detected_upto=max(state.detected_upto, upto), updated_at=now)
+    if chosen is None or state.topic_start_seq != start:
+        return Detected(Writes(marked), "none")
+    if chosen.kind == "merge":
+        last = state.last_seal
+        if last is None or last.reason not in (COHESION, SILENCE):
+            return Detected(Writes(marked), "none")
+        after, update = unseal(marked, now)
+        if update is None:
+            return Detected(Writes(marked), "none")
+        after = replace(after, epoch=after.epoch + 1, silence_due_at=silence_deadline(after, rules))
+        return Detected(Writes(after, updates=(update,)), "merge")
+    split = seal_at(marked, messages, chosen.sequence, reason, rules, now)
+    if split is None:
+        return Detected(Writes(marked), "none")
+    after, topic = split
+    return Detected(Writes(after, summaries=(topic,)), "split")
+
+
+def seal_at(
+    state: ConversationState,
+    messages: Sequence[StoredMessage],
+    sequence: int,
+    reason: str,
+    rules: BoundaryRules,
+    now: datetime,
+) -> tuple[ConversationState, NewSummary] | None:
+    """Seal the open topic so that the next one begins at ``sequence`` (or earlier: never between
+    a tool call and its results); None when no such cut is left inside the topic, when the part
+    sealed would hold fewer than ``rules.min_tokens`` tokens, or when ``messages`` (the open
+    topic's stored messages) do not match the state. Unlike :func:`seal`, the cut may lie
+    anywhere in the topic: the spans are added up from ``messages``. The state is not bumped.
+    """
+    first, last = state.topic_start_seq, state.last_sequence
+    rows = [m for m in messages if first <= m.sequence <= last]
+    if [m.sequence for m in rows] != list(range(first, last + 1)) or not first < sequence <= last:
+        return None
+    # After which messages no tool call awaits its result (as append() tracks it).
+    calls: set[str] = set()
+    clean: list[bool] = []
+    for m in rows:
+        if m.tool_calls:
+            calls = {str(c.get("id")) for c in m.tool_calls}
+        elif m.role == "tool":
+            calls.discard(str(m.tool_call_id))
+        elif not m.pinned:
+            calls = set()
+        clean.append(not calls)
+    cut = sequence - 1
+    while cut >= first and not clean[cut - first]:
+        cut -= 1
+    if cut < first:
+        return None
+    sealed, rest, rest_clean = EMPTY, EMPTY, EMPTY
+    for m in rows:
+        own = EMPTY.add(m.token_count, m.full_token_count, m.pinned, m.timestamp)
+        if m.sequence <= cut:
+            sealed = sealed.plus(own)
+        else:
+            rest = rest.plus(own)
+            if m.sequence <= state.last_clean_seq:
+                rest_clean = rest_clean.plus(own)
+    if sealed.first_at is None or sealed.last_at is None or sealed.tokens < rules.min_tokens:
+        return None
+    if sealed.messages + rest.messages != state.open.messages:
+        return None  # the state and the rows disagree: better no seal than a wrong one
+    topic = NewSummary(
+        kind="topic",
+        ordinal=state.topic_count + 1,
+        first_sequence=first,
+        last_sequence=cut,
+        started_at=sealed.first_at,
+        ended_at=sealed.last_at,
+        status="pending",
+        created_at=now,
+        source_tokens=sealed.source,
+        sealed_at=now,
+        sealed_reason=reason,
+    )
+    clean_span, tail = (rest_clean, state.tail) if state.open_tool_calls else (rest, EMPTY)
+    after = replace(
+        state,
+        topic_count=topic.ordinal,
+        topic_start_seq=cut + 1,
+        open=rest,
+        clean=clean_span,
+        tail=tail,
+        recent=_rebase(state.recent, cut),
+        detector=_no_unseal(state.detector),
+        needs_maintenance=True,
+        next_retry_at=None,
+        epoch=state.epoch + 1,
+        updated_at=now,
+        last_seal=SealInfo(topic.ordinal, first, cut, sealed, reason),
+    )
+    return replace(after, silence_due_at=silence_deadline(after, rules)), topic
+
+
+def _no_unseal(detector: str | None) -> str | None:
+    """The content detector's state, without an unseal pending from an earlier seal: what a
+    detector sealed is not for the reply path to reopen."""
+    if detector is None:
+        return None
+    state = CohesionState.from_json(detector)
+    if not state.unseal_left:
+        return detector
+    state.unseal_left = 0
+    return state.dump()
 
 
 # -- maintenance -----------------------------------------------------------------------------------
