@@ -671,28 +671,23 @@ def assert_state_documents_round_trip(url: str) -> None:
         engine.dispose()
     assert rows
     for r in rows:
-        state = ConversationState.from_row(
-            id=r.id,
-            version=r.version,
-            platform=r.platform,
-            encoding=r.encoding,
-            created_at=None,
-            updated_at=None,
-            body=r.state,
-        )
+
+        def parse(body: str, r: Any = r) -> ConversationState:
+            return ConversationState.from_row(
+                id=r.id,
+                version=r.version,
+                platform=r.platform,
+                encoding=r.encoding,
+                created_at=None,
+                updated_at=None,
+                body=body,
+            )
+
+        state = parse(r.state)
         # Nothing is lost or altered; fields added since 0.1.0 are written with their defaults.
         written, migrated = json.loads(state.body()), json.loads(r.state)
         assert {k: written[k] for k in migrated} == migrated
-        again = ConversationState.from_row(
-            id=r.id,
-            version=r.version,
-            platform=r.platform,
-            encoding=r.encoding,
-            created_at=None,
-            updated_at=None,
-            body=state.body(),
-        )
-        assert again == state
+        assert parse(state.body()) == state
         due = r.due_at
         if isinstance(due, str):
             due = datetime.fromisoformat(due).replace(tzinfo=UTC)

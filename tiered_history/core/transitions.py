@@ -92,6 +92,31 @@ def _span_after(recent: Sequence[Recent], after: int, upto: int | None = None) -
     return total
 
 
+def _pending_topic(
+    state: ConversationState,
+    span: tuple[int, int, datetime, datetime],
+    source: int,
+    reason: str,
+    now: datetime,
+) -> NewSummary:
+    """The row of a topic sealed now over ``span`` (first and last message, their times),
+    awaiting its summary."""
+    first, cut, started, ended = span
+    return NewSummary(
+        kind="topic",
+        ordinal=state.topic_count + 1,
+        first_sequence=first,
+        last_sequence=cut,
+        started_at=started,
+        ended_at=ended,
+        status="pending",
+        created_at=now,
+        source_tokens=source,
+        sealed_at=now,
+        sealed_reason=reason,
+    )
+
+
 def seal(
     state: ConversationState, reason: str, now: datetime, keep: int = 0
 ) -> tuple[ConversationState, NewSummary | None]:
@@ -113,19 +138,8 @@ def seal(
             cut, sealed = spot.sequence, spot.upto
     if cut < state.topic_start_seq or sealed.first_at is None or sealed.last_at is None:
         return state, None
-    topic = NewSummary(
-        kind="topic",
-        ordinal=state.topic_count + 1,
-        first_sequence=state.topic_start_seq,
-        last_sequence=cut,
-        started_at=sealed.first_at,
-        ended_at=sealed.last_at,
-        status="pending",
-        created_at=now,
-        source_tokens=sealed.source,
-        sealed_at=now,
-        sealed_reason=reason,
-    )
+    span = (state.topic_start_seq, cut, sealed.first_at, sealed.last_at)
+    topic = _pending_topic(state, span, sealed.source, reason, now)
     if cut == state.last_sequence:
         rest, clean, tail = EMPTY, EMPTY, EMPTY
     elif cut == state.last_clean_seq:
@@ -529,19 +543,7 @@ def seal_at(
         return None
     if sealed.messages + rest.messages != state.open.messages:
         return None  # the state and the rows disagree: better no seal than a wrong one
-    topic = NewSummary(
-        kind="topic",
-        ordinal=state.topic_count + 1,
-        first_sequence=first,
-        last_sequence=cut,
-        started_at=sealed.first_at,
-        ended_at=sealed.last_at,
-        status="pending",
-        created_at=now,
-        source_tokens=sealed.source,
-        sealed_at=now,
-        sealed_reason=reason,
-    )
+    topic = _pending_topic(state, (first, cut, sealed.first_at, sealed.last_at), sealed.source, reason, now)
     clean_span, tail = (rest_clean, state.tail) if state.open_tool_calls else (rest, EMPTY)
     after = replace(
         state,
