@@ -792,7 +792,7 @@ class ReplyPath:
             query=text,
             mark=state.window,
             epoch=state.epoch,
-            growth=self._growth(state),
+            growth=self._growth(state, max_tokens),
             frozen=[summ(x) for x in snap.by_id if x.content],
         )
         return assemble(
@@ -804,13 +804,16 @@ class ReplyPath:
             measure=self._measure,
         )
 
-    def _growth(self, state: ConversationState) -> int:
+    def _growth(self, state: ConversationState, max_tokens: int) -> int:
         """How much the open topic may grow before a rule seals it (an event): the size rule's limit
-        less what it holds already; with no size rule, a step of the window."""
-        rules = self.rules_for(state)
+        less what it holds already; with no size rule, a step of the window. The limit is the one
+        this read records (the size rule follows the budget a conversation is read with): judged
+        by an earlier read's budget, the window could be left no room at all and move on the next
+        message although nothing was sealed."""
+        rules = self.rules(state.platform, max_tokens)
         if rules.size:
             return max(rules.size_limit - state.open.tokens, 0)
-        return int((state.budget or self.settings.context_budget) * self.shares.anchor)
+        return int(max_tokens * self.shares.anchor)
 
     def _measure(self, text: str) -> int:
         """Framed tokens of a user message with ``text`` (memoised: blocks repeat turn after turn)."""

@@ -503,7 +503,10 @@ def _choose(
     # With no prefix cached yet (no mark for this budget) the window is as full as the growth
     # until the next seal allows; a move afterwards leaves room for a step as well.
     fresh = mark is None or mark.budget != budget
-    for room in (rows.growth, 0) if fresh else (max(rows.growth, step), rows.growth, 0):
+    # When no start leaves all the growth, the one leaving most of it wins over the fullest window:
+    # a window left no room at all moves again on the next message.
+    less = (rows.growth // 2, rows.growth // 4, rows.growth // 8, 0)
+    for room in (rows.growth, *less) if fresh else (max(rows.growth, step), rows.growth, *less):
         for i in range(first, len(units)):
             if not aligned(i) and i < len(units) - 1:
                 continue
