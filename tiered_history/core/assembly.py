@@ -340,9 +340,11 @@ def assemble(
     if not shares.redistribute:
         limit = min(limit, alloc.current)
 
-    def fits(i: int, blocks: tuple[_Block, _Block], room: int) -> bool:
+    def fits(i: int, blocks: tuple[_Block, _Block], room: int, kept: bool = False) -> bool:
         window = suffix[i] + room
-        if window > limit and i < len(units) - 1:
+        # The window's limit decides where a new start goes; a kept start stays while the
+        # context still fits at all (moving it rewrites the prefix every provider caches).
+        if window > limit and i < len(units) - 1 and not kept:
             return False
         return window + blocks[0].tokens + blocks[1].tokens + reserve <= avail
 
@@ -477,7 +479,7 @@ def _choose(
     step: int,
     stable: Callable[[int], tuple[_Block, _Block]],
     frozen: Callable[[], tuple[_Block, _Block]],
-    fits: Callable[[int, tuple[_Block, _Block], int], bool],
+    fits: Callable[..., bool],
     aligned: Callable[[int], bool],
     rows: Rows,
     budget: int,
@@ -497,7 +499,7 @@ def _choose(
     if mark is not None and mark.budget == budget and mark.start in at:
         i0 = at[mark.start]
         blocks = frozen() if rows.frozen or not mark.shown else stable(i0)
-        if fits(i0, blocks, 0 if mark.epoch == rows.epoch else rows.growth):
+        if fits(i0, blocks, 0 if mark.epoch == rows.epoch else rows.growth, kept=mark.epoch == rows.epoch):
             return i0, blocks
         first = i0 + 1
     # With no prefix cached yet (no mark for this budget) the window is as full as the growth
