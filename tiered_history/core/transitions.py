@@ -842,17 +842,7 @@ def fork(
         if m.sequence < start:
             cur = replace(cur, last_message_at=max(cur.last_message_at or m.timestamp, m.timestamp))
             continue
-        incoming = Incoming(
-            role=m.role,
-            content=m.content,
-            wire=None,
-            timestamp=m.timestamp,
-            token_count=m.token_count,
-            full_token_count=m.full_token_count,
-            pinned=m.pinned,
-            tool_call_ids=tuple(str(c.get("id")) for c in m.tool_calls or ()),
-            tool_call_id=m.tool_call_id,
-        )
+        incoming = _incoming_of(m)
         cur = append(
             cur, new_id, incoming, quiet, platform=None, encoding=source.encoding, now=now
         ).writes.state
@@ -884,6 +874,24 @@ def fork(
     return Writes(final, rows_messages, rows, create=True)
 
 
+def _incoming_of(m: StoredMessage) -> Incoming:
+    """A stored message as it would be appended again (fork's replay, restore's batch)."""
+    return Incoming(
+        role=m.role,
+        content=m.content,
+        wire=_wire_of(m),
+        timestamp=m.timestamp,
+        token_count=m.token_count,
+        full_token_count=m.full_token_count,
+        pinned=m.pinned,
+        pin_key=m.pin_key,
+        tool_call_ids=tuple(str(c.get("id")) for c in m.tool_calls or ()),
+        tool_call_id=m.tool_call_id,
+        metadata=dict(m.metadata) or None,
+        words=len(words(m.content)),
+    )
+
+
 def _wire_of(m: StoredMessage) -> dict[str, Any] | None:
     wire: dict[str, Any] = dict(m.extra or {})
     if m.name is not None:
@@ -911,23 +919,7 @@ def restore(
     if summaries:
         writes = fork(seed, seed.id, messages, summaries, len(messages), rules, now, keep_spend=True)
     else:
-        batch = [
-            Incoming(
-                role=m.role,
-                content=m.content,
-                wire=_wire_of(m),
-                timestamp=m.timestamp,
-                token_count=m.token_count,
-                full_token_count=m.full_token_count,
-                pinned=m.pinned,
-                pin_key=m.pin_key,
-                tool_call_ids=tuple(str(c.get("id")) for c in m.tool_calls or ()),
-                tool_call_id=m.tool_call_id,
-                metadata=dict(m.metadata) or None,
-                words=len(words(m.content)),
-            )
-            for m in messages
-        ]
+        batch = [_incoming_of(m) for m in messages]
         origin = Origin(seed.platform, seed.channel)
         writes = append_all(
             None,
