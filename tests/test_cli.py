@@ -11,10 +11,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import typer
@@ -497,6 +497,60 @@ def test_worker_stops_on_signal(db: str, monkeypatch: pytest.MonkeyPatch) -> Non
     # The default interval comes from the settings.
     ok(db, "worker")
     assert seen["interval"] == 30.0
+
+
+class SplitAtFive:
+    """A pluggable detector the worker loads by name (``tests.test_cli:SplitAtFive``)."""
+
+    name = "at-five"
+    window = 8
+    asked: ClassVar[list[list[int]]] = []
+
+    async def propose(self, turns: Sequence[Any]) -> list[Any]:
+        from tiered_history import Proposal
+
+        SplitAtFive.asked.append([t.sequence for t in turns])
+        return [Proposal(5, 0.9)]
+
+
+def test_worker_asks_the_detectors_it_is_given(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``worker --detector MODULE:NAME`` loads the detector and its passes ask it; a bot process
+    that passes the same detector only marks conversations due (it never runs maintenance)."""
+    import asyncio
+
+    from tiered_history import SyncHistoryCompressor, scheduler
+
+    rules = {"COHESION": "false", "SIZE": "false", "MIN_TOPIC_TOKENS": "0", "DETECTOR_EVERY": "1"}
+    for key, value in rules.items():
+        monkeypatch.setenv(f"TIERED_HISTORY_BOUNDARIES__{key}", value)
+    SplitAtFive.asked.clear()
+    texts = ["Tomato seedlings?", "Water daily.", "Fertiliser?", "Not yet.", "Passport?", "Online."]
+    with SyncHistoryCompressor(db, detectors=[SplitAtFive()]) as bot:
+        for i, text in enumerate(texts):
+            bot.add_message("c", {"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    assert SplitAtFive.asked == []  # the reply path never asks a detector
+
+    seen: dict[str, Any] = {}
+
+    async def fake_run_worker(compressor: Any, interval_seconds: float, stop_event: Any = None) -> None:
+        seen["names"] = [d.name for d in compressor.detectors]
+        seen["report"] = await compressor.maintain()
+        os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.wait_for(stop_event.wait(), timeout=10)
+
+    monkeypatch.setattr(scheduler, "run_worker", fake_run_worker)
+    ok(db, "worker", "--detector", "tests.test_cli:SplitAtFive")
+    assert seen["names"] == ["at-five"]
+    assert seen["report"].detector_splits == 1 and SplitAtFive.asked == [[1, 2, 3, 4, 5, 6]]
+    with SyncHistoryCompressor(db) as bot:
+        [topic] = bot.get_history("c").topics
+        assert (topic.first_sequence, topic.last_sequence, topic.sealed_reason) == (1, 4, "detector:at-five")
+
+
+@pytest.mark.parametrize("spec", ["nocolon", "tests.test_cli:NoSuchThing", "no_such_module_xyz:X"])
+def test_worker_rejects_a_detector_it_cannot_load(db: str, spec: str) -> None:
+    result = run(db, "worker", "--detector", spec)
+    assert result.exit_code == 2 and "--detector" in result.stderr
 
 
 def _read_lines(stream: Any, into: queue.Queue[str]) -> None:

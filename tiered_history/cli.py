@@ -1048,13 +1048,23 @@ def worker(
             help="Seconds between maintenance passes (default: maintenance_interval_seconds).",
         ),
     ] = None,
+    detector: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--detector",
+            metavar="MODULE:NAME",
+            help="A pluggable boundary detector for the passes to ask: a BoundaryDetector object, "
+            "or a class or function returning one, importable as MODULE:NAME (repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """Run background maintenance until stopped (Ctrl+C or SIGTERM shut it down cleanly)."""
     opts = _opts(ctx)
     settings = opts.settings()
     url = opts.url(settings)
     seconds = interval or settings.maintenance_interval_seconds
-    compressor = HistoryCompressor(url, settings=settings)
+    detectors = [_load_detector(spec) for spec in detector or ()]
+    compressor = HistoryCompressor(url, settings=settings, detectors=detectors)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("tiered_history")
@@ -1067,6 +1077,23 @@ def worker(
         logger.removeHandler(handler)
         logger.setLevel(old_level)
     out.print("Worker stopped.")
+
+
+def _load_detector(spec: str) -> Any:
+    """``MODULE:NAME`` → the detector object (a class or a function named there is called once)."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise typer.BadParameter(f"{spec!r} is not MODULE:NAME", param_hint="--detector")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise typer.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="--detector") from None
+    # An instance has ``propose``; a class or a factory is called to make one.
+    return found if hasattr(found, "propose") and not isinstance(found, type) else found()
 
 
 async def _run_worker(compressor: HistoryCompressor, interval: float, where: str) -> None:
