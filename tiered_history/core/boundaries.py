@@ -269,7 +269,7 @@ def _decide(rules: BoundaryRules, topic: OpenTopic, incoming: Incoming) -> Decis
         _reconcile(state, rules, topic, incoming)
         seen = observe(
             state,
-            rules.cohesion_params,
+            _params(rules),
             role=incoming.role,
             text=incoming.text,
             tokens=incoming.tokens,
@@ -327,6 +327,21 @@ def _decide(rules: BoundaryRules, topic: OpenTopic, incoming: Incoming) -> Decis
     if rules.cohesion and shift is not None and shift < topic.messages:
         return verdict(COHESION, shift)
     return verdict(None)
+
+
+# Rules are built once per platform and budget and reused: their detector parameters too.
+_PARAMS: dict[int, tuple[BoundaryRules, CohesionParams]] = {}
+
+
+def _params(rules: BoundaryRules) -> CohesionParams:
+    found = _PARAMS.get(id(rules))
+    if found is not None and found[0] is rules:  # the pair keeps ``rules`` alive: its id is not reused
+        return found[1]
+    if len(_PARAMS) >= 64:
+        _PARAMS.clear()
+    params = rules.cohesion_params
+    _PARAMS[id(rules)] = (rules, params)
+    return params
 
 
 def _replies_to_sealed(topic: OpenTopic, incoming: Incoming) -> bool:

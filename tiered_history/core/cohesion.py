@@ -57,6 +57,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 
 #: Bump when the JSON layout changes: an unknown version restarts the detector (it re-learns quickly).
 STATE_VERSION = 1
@@ -233,7 +234,7 @@ def _unpack_gaps(text: str) -> list[int]:
 _EMPTY = bytes(_BITS // 8)
 
 
-def _b64(bits: bytearray) -> str:
+def _b64(bits: bytes | bytearray) -> str:
     return "" if bits == _EMPTY else base64.b64encode(bits).decode("ascii")
 
 
@@ -278,6 +279,7 @@ class Pending:
     question: bool = False
     answers: bool = False  # it answers a question from the other side: it cannot open a topic
     cue: bool = False  # it opens with a discourse marker ("okay", "so"...)
+    packed: str = ""  # ``terms`` as the state's JSON holds them, once formatted (they never change)
 
 
 @dataclass(slots=True)
@@ -286,7 +288,7 @@ class CohesionState:
 
     start: int | None = None  # the open topic's first sequence as last seen (to notice outside seals)
     recent: bytearray = field(default_factory=lambda: bytearray(_BITS // 8))
-    older: bytearray = field(default_factory=lambda: bytearray(_BITS // 8))
+    older: bytes = _EMPTY  # never changed in place (replaced), so it may be shared and its text kept
     fill: int = 0  # distinct terms in ``recent``
     seen: int | None = None  # sequence of the newest message observed
     topic_terms: tuple[int, ...] = ()  # newest last
@@ -298,6 +300,7 @@ class CohesionState:
     gaps: list[int] = field(default_factory=list)  # per newest stored message: tokens, cut score
     last_question: bool = False
     last_role: str = ""
+    older_text: str | None = ""  # ``older`` as base64 (``None``: not formatted yet)
 
     def to_json(self) -> str:
         text = self._format()
@@ -313,13 +316,18 @@ class CohesionState:
     def _format(self) -> str:
         # Formatted by hand: every field is a number, base64 or a role name, and json.dumps
         # would cost a quarter of the detector's time. ``from_json`` reads it back with json.loads.
-        pending = ",".join(
-            f'["{_pack(p.terms)}",{p.messages},{p.question | p.answers << 1 | p.cue << 2}]'
-            for p in self.pending
-        )
+        parts = []
+        for p in self.pending:
+            if not p.packed:
+                p.packed = _pack(p.terms)
+            parts.append(f'["{p.packed}",{p.messages},{p.question | p.answers << 1 | p.cue << 2}]')
+        pending = ",".join(parts)
+        older = self.older_text
+        if older is None:
+            older = self.older_text = _b64(self.older)
         text = (
             f'{{"v":{STATE_VERSION},"s":{_num(self.start)},"n":{_num(self.seen)},'
-            f'"r":"{_b64(self.recent)}","o":"{_b64(self.older)}","f":{self.fill},'
+            f'"r":"{_b64(self.recent)}","o":"{older}","f":{self.fill},'
             f'"t":"{_pack(self.topic_terms)}","m":{self.topic_messages},"x":"{_pack(self.sealed_terms)}",'
             f'"u":{self.unseal_left},"l":{int(self.unseal_by_content)},"p":[{pending}],"g":"{_pack_gaps(self.gaps)}",'
             f'"q":[{int(self.last_question)},{_ROLES.get(self.last_role) or json.dumps(self.last_role)}]}}'
@@ -343,7 +351,8 @@ class CohesionState:
                 start=None if obj["s"] is None else int(obj["s"]),
                 seen=None if obj["n"] is None else int(obj["n"]),
                 recent=_unb64(obj["r"]),
-                older=_unb64(obj["o"]),
+                older=bytes(_unb64(obj["o"])),
+                older_text=str(obj["o"]),
                 fill=int(obj["f"]),
                 topic_terms=_unpack(obj["t"]),
                 topic_messages=int(obj["m"]),
@@ -351,7 +360,9 @@ class CohesionState:
                 unseal_left=int(obj["u"]),
                 unseal_by_content=bool(obj["l"]),
                 pending=[
-                    Pending(_unpack(p[0]), int(p[1]), bool(p[2] & 1), bool(p[2] & 2), bool(p[2] & 4))
+                    Pending(
+                        _unpack(p[0]), int(p[1]), bool(p[2] & 1), bool(p[2] & 2), bool(p[2] & 4), str(p[0])
+                    )
                     for p in obj["p"]
                 ],
                 gaps=_unpack_gaps(obj["g"]),
@@ -374,10 +385,11 @@ class CohesionState:
             self.sealed_terms,
             self.unseal_left,
             self.unseal_by_content,
-            [Pending(p.terms, p.messages, p.question, p.answers, p.cue) for p in self.pending],
+            [Pending(p.terms, p.messages, p.question, p.answers, p.cue, p.packed) for p in self.pending],
             list(self.gaps),
             self.last_question,
             self.last_role,
+            self.older_text,
         )
 
     # -- memory ----------------------------------------------------------------------------------------
@@ -387,20 +399,19 @@ class CohesionState:
 
     def remember(self, words: Sequence[int]) -> None:
         recent = self.recent
+        slots = _SLOTS
         for h in words:
-            a, b, c = h & _MASK, (h >> _SHIFT) & _MASK, ((h * _MIX) & 0xFFFFFFFF) >> _TOP
-            if (
-                recent[a >> 3] >> (a & 7) & 1
-                and recent[b >> 3] >> (b & 7) & 1
-                and recent[c >> 3] >> (c & 7) & 1
-            ):
+            slot = slots.get(h) or _slot(h)
+            ia, ma, ib, mb, ic, mc = slot
+            if recent[ia] & ma and recent[ib] & mb and recent[ic] & mc:
                 continue
-            recent[a >> 3] |= 1 << (a & 7)
-            recent[b >> 3] |= 1 << (b & 7)
-            recent[c >> 3] |= 1 << (c & 7)
+            recent[ia] |= ma
+            recent[ib] |= mb
+            recent[ic] |= mc
             self.fill += 1
             if self.fill >= _GENERATION:
-                self.older, self.recent, self.fill = recent, bytearray(_BITS // 8), 0
+                self.older, self.older_text = bytes(recent), None
+                self.recent, self.fill = bytearray(_BITS // 8), 0
                 recent = self.recent
         self.topic_terms = _recent_terms(self.topic_terms, words)
 
@@ -408,16 +419,28 @@ class CohesionState:
         """Share of ``words`` the memory knows (0 when it knows none of them)."""
         if not words:
             return 1.0
-        recent, older = self.recent, self.older
+        recent, older, slots = self.recent, self.older, _SLOTS
         known = 0
         for h in words:
-            a, b, c = h & _MASK, (h >> _SHIFT) & _MASK, ((h * _MIX) & 0xFFFFFFFF) >> _TOP
-            ia, ib, ic, ma, mb, mc = a >> 3, b >> 3, c >> 3, 1 << (a & 7), 1 << (b & 7), 1 << (c & 7)
+            ia, ma, ib, mb, ic, mc = slots.get(h) or _slot(h)
             if (recent[ia] & ma and recent[ib] & mb and recent[ic] & mc) or (
                 older[ia] & ma and older[ib] & mb and older[ic] & mc
             ):
                 known += 1
         return known / len(words)
+
+
+# term id -> its three Bloom positions as (byte, bit mask) pairs: terms recur, the arithmetic need not.
+_SLOTS: dict[int, tuple[int, int, int, int, int, int]] = {}
+
+
+def _slot(h: int) -> tuple[int, int, int, int, int, int]:
+    a, b, c = h & _MASK, (h >> _SHIFT) & _MASK, ((h * _MIX) & 0xFFFFFFFF) >> _TOP
+    slot = (a >> 3, 1 << (a & 7), b >> 3, 1 << (b & 7), c >> 3, 1 << (c & 7))
+    if len(_SLOTS) >= 65536:
+        _SLOTS.clear()
+    _SLOTS[h] = slot
+    return slot
 
 
 def _recent_terms(current: Sequence[int], words: Sequence[int]) -> tuple[int, ...]:
@@ -495,9 +518,9 @@ def observe(
     _push_gap(state, tokens, NO_CUT if blocked else 100 - _CUE_BONUS * cue)
     if len(pending) < params.window or state.topic_messages < params.min_messages:
         return Observation(words, None)
-    first = state.pending[0]
-    span = sum(p.messages for p in state.pending)
-    joined = list(dict.fromkeys(t for p in state.pending for t in p.terms))
+    first = pending[0]
+    span = sum([p.messages for p in pending])
+    joined = list(dict.fromkeys(chain.from_iterable([p.terms for p in pending])))
     share = state.novelty_share(joined)
     if not first.answers:
         _set_gap_score(state, span, round(100 * share) - _CUE_BONUS * first.cue)
