@@ -147,7 +147,12 @@ class BoundaryRules:
     """Distinct terms a window needs unless a question opens it."""
     cohesion_question_min_terms: int = 0
     cohesion_question_split: bool = True
-    cohesion_fresh_question_novelty: float = 0.5
+    cohesion_fresh_question_novelty: float = 0.7
+    cohesion_opener_min_terms: int = 3
+    """Distinct terms a statement opening a window needs on its own (0: the window's terms are
+    judged together, see :class:`~.cohesion.CohesionParams`)."""
+    cohesion_confirm_novelty: float = 0.7
+    """What follows the opening statement confirms the shift unless this share of its terms is known."""
     detect_every: int = 0
     """Pluggable detectors are configured: the open topic is due for them (maintenance is asked
     for) once it holds this many messages they have not seen (0: no pluggable detectors)."""
@@ -163,6 +168,8 @@ class BoundaryRules:
             question_min_terms=self.cohesion_question_min_terms,
             question_split=self.cohesion_question_split,
             fresh_question_novelty=self.cohesion_fresh_question_novelty,
+            opener_min_terms=self.cohesion_opener_min_terms,
+            confirm_novelty=self.cohesion_confirm_novelty,
         )
 
     @property
