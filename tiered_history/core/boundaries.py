@@ -6,10 +6,11 @@ The engine calls :func:`decide` before each message is stored. It combines, in t
    of an empty topic.
 2. **Unseal** (``"unseal"``): within the first few content messages after a seal made by
    the content detector or by silence, a message that replies to a message of the sealed
-   topic (``Incoming.reply_to``) reopens it; after a silence seal, so does a message that
-   talks about the sealed topic rather than the new one (after a detector seal too with
-   ``unseal_after_cohesion``). Seals the user asked for (a phrase, ``seal_current_topic``)
-   and size seals are never undone, and a message carrying a trigger phrase never unseals.
+   topic (``Incoming.reply_to``, from the message's ``metadata["reply_to"]``) reopens it;
+   after a silence seal, so does a message that talks about the sealed topic rather than
+   the new one (after a detector seal too with ``unseal_after_cohesion``). Seals the user
+   asked for (a phrase, ``seal_current_topic``) and size seals are never undone, and a
+   message carrying a trigger phrase never unseals.
 3. **Explicit** (``"explicit"``): an anchored trigger phrase (:mod:`.phrases`) in a
    message from one of ``trigger_roles``; never from an assistant or a tool.
 4. **Silence** (``"silence"``): more than ``silence`` since the previous message.
@@ -30,7 +31,7 @@ They run in a background worker, never on the reply path, and only *propose*: se
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, overload, runtime_checkable
@@ -67,6 +68,7 @@ __all__ = [
     "explicit_boundary",
     "phrase_pattern",
     "proposer",
+    "reply_sequence",
     "silence_elapsed",
     "size_boundary",
     "temporal_boundary",
@@ -95,6 +97,17 @@ class Incoming:
     tool_call: bool  # it is an assistant message carrying tool_calls
     pinned: bool
     reply_to: int | None = None  # sequence of the earlier message this one replies to, if known
+
+
+#: The metadata key naming the sequence of the earlier message a message replies to.
+REPLY_TO = "reply_to"
+
+
+def reply_sequence(metadata: Mapping[str, object] | None) -> int | None:
+    """The sequence ``metadata["reply_to"]`` names (a platform adapter sets it for a threaded
+    reply or a quote); ``None`` when absent or not a whole number."""
+    value = metadata.get(REPLY_TO) if metadata else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
