@@ -303,6 +303,7 @@ class CohesionState:
     last_question: bool = False
     last_role: str = ""
     older_text: str | None = ""  # ``older`` as base64 (``None``: not formatted yet)
+    recent_text: str | None = ""  # ``recent`` as base64 (``None``: changed since last formatted)
 
     def to_json(self) -> str:
         text = self._format()
@@ -327,9 +328,12 @@ class CohesionState:
         older = self.older_text
         if older is None:
             older = self.older_text = _b64(self.older)
+        recent = self.recent_text
+        if recent is None:
+            recent = self.recent_text = _b64(self.recent)
         text = (
             f'{{"v":{STATE_VERSION},"s":{_num(self.start)},"n":{_num(self.seen)},'
-            f'"r":"{_b64(self.recent)}","o":"{older}","f":{self.fill},'
+            f'"r":"{recent}","o":"{older}","f":{self.fill},'
             f'"t":"{_pack(self.topic_terms)}","m":{self.topic_messages},"x":"{_pack(self.sealed_terms)}",'
             f'"u":{self.unseal_left},"l":{int(self.unseal_by_content)},"p":[{pending}],"g":"{_pack_gaps(self.gaps)}",'
             f'"q":[{int(self.last_question)},{_ROLES.get(self.last_role) or json.dumps(self.last_role)}]}}'
@@ -355,6 +359,7 @@ class CohesionState:
                 recent=_unb64(obj["r"]),
                 older=bytes(_unb64(obj["o"])),
                 older_text=str(obj["o"]),
+                recent_text=str(obj["r"]),
                 fill=int(obj["f"]),
                 topic_terms=_unpack(obj["t"]),
                 topic_messages=int(obj["m"]),
@@ -392,6 +397,7 @@ class CohesionState:
             self.last_question,
             self.last_role,
             self.older_text,
+            self.recent_text,
         )
 
     # -- memory ----------------------------------------------------------------------------------------
@@ -410,12 +416,25 @@ class CohesionState:
             recent[ia] |= ma
             recent[ib] |= mb
             recent[ic] |= mc
+            self.recent_text = None
             self.fill += 1
             if self.fill >= _GENERATION:
                 self.older, self.older_text = bytes(recent), None
                 self.recent, self.fill = bytearray(_BITS // 8), 0
                 recent = self.recent
         self.topic_terms = _recent_terms(self.topic_terms, words)
+
+    def known_counts(self, words: Sequence[int], split: int) -> tuple[int, int]:
+        """How many of ``words[:split]`` and of ``words[split:]`` the memory knows."""
+        recent, older, slots = self.recent, self.older, _SLOTS
+        known = [0, 0]
+        for i, h in enumerate(words):
+            ia, ma, ib, mb, ic, mc = slots.get(h) or _slot(h)
+            if (recent[ia] & ma and recent[ib] & mb and recent[ic] & mc) or (
+                older[ia] & ma and older[ib] & mb and older[ic] & mc
+            ):
+                known[i >= split] += 1
+        return known[0], known[1]
 
     def novelty_share(self, words: Sequence[int]) -> float:
         """Share of ``words`` the memory knows (0 when it knows none of them)."""
@@ -534,32 +553,33 @@ def observe(
     first = pending[0]
     span = sum([p.messages for p in pending])
     joined = list(dict.fromkeys(chain.from_iterable([p.terms for p in pending])))
-    share = state.novelty_share(joined)
-    if not first.answers:
-        _set_gap_score(state, span, round(100 * share) - _CUE_BONUS * first.cue)
+    # ``joined`` begins with the opener's terms (a message's terms are distinct): one pass
+    # counts the known ones of the opener and of the rest of the window.
+    opener = len(first.terms)
+    rest = len(joined) - opener
+    known_opener, known_rest = state.known_counts(joined, opener)
+    share = (known_opener + known_rest) / len(joined)
     if first.answers:
         return Observation(words, None)
+    _set_gap_score(state, span, round(100 * share) - _CUE_BONUS * first.cue)
+    alone = known_opener / opener
     if params.opener_min_terms and not first.question:
         # The opener decides, the window confirms (see ``CohesionParams.opener_min_terms``).
-        alone = state.novelty_share(first.terms) if len(pending) > 1 else share
-        opens = alone < params.novelty and len(first.terms) >= params.opener_min_terms
-        if opens and len(pending) > 1:
-            opened = set(first.terms)
-            rest = [t for t in joined if t not in opened]
-            opens = not rest or state.novelty_share(rest) < params.confirm_novelty
+        opens = (
+            alone < params.novelty
+            and opener >= params.opener_min_terms
+            and (not rest or known_rest / rest < params.confirm_novelty)
+        )
         return Observation(words, span - 1 if opens else None)
     if first.question and params.question_split:
         # A question may keep a few known words ("and the sauce for the pasta?" keeps many),
         # but what follows it must be new: the answer talks about the question, not the old topic.
-        opened = set(first.terms)
-        rest = [t for t in joined if t not in opened]
-        asked = state.novelty_share(first.terms)
         # The newer the question, the less its answer must prove: a question with no known
         # word at all is confirmed by an answer that is mostly new.
-        follow = params.fresh_question_novelty if asked == 0 else params.novelty
+        follow = params.fresh_question_novelty if alone == 0 else params.novelty
         shift = (
-            asked < params.question_novelty
-            and (not rest or state.novelty_share(rest) < follow)
+            alone < params.question_novelty
+            and (not rest or known_rest / rest < follow)
             and len(joined) >= params.question_min_terms
         )
     else:
