@@ -305,7 +305,11 @@ def phrase_pattern(phrases: tuple[str, ...]) -> PhraseMatcher | None:
 
 def anchored_phrase(text: str, phrases: tuple[str, ...]) -> bool:
     """True when ``text`` opens a sentence with one of ``phrases`` (see the module docstring)."""
-    matcher = phrase_pattern(phrases)
+    return matches(phrase_pattern(phrases), text)
+
+
+def matches(matcher: PhraseMatcher | None, text: str) -> bool:
+    """``anchored_phrase`` with the matcher already looked up (``phrase_pattern``)."""
     if matcher is None or not text:
         return False
     return matcher.could_match(text) and matcher.search(strip_quotes_and_code(normalize(text)))
