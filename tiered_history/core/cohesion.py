@@ -247,17 +247,20 @@ def _num(value: int | None) -> str:
     return "null" if value is None else str(int(value))
 
 
-# The engine hands back the JSON ``to_json`` produced on the previous message: keeping the
-# parsed state of the newest ones skips parsing it again. An entry is handed out once
-# (the reader owns it); the same JSON read again is parsed, so a miss only costs time.
-_PARSED: dict[str, CohesionState] = {}
+# The engine hands back the very JSON string ``to_json`` produced on the previous message
+# (its cached conversation state holds it): keeping the parsed state of the newest ones
+# skips parsing it again. Keyed by the string's identity, not its value: hashing 2 KB of
+# JSON every message costs more than the rest of the lookup (the entry holds the string,
+# so its id is not reused while there). An entry is handed out once (the reader owns it);
+# any other string, equal or not, is parsed, so a miss only costs time.
+_PARSED: dict[int, tuple[str, CohesionState]] = {}
 _PARSED_MAX = 512
 
 
 def _remember_parsed(text: str, state: CohesionState) -> None:
     if len(_PARSED) >= _PARSED_MAX:
         _PARSED.clear()
-    _PARSED[text] = state
+    _PARSED[id(text)] = (text, state)
 
 
 def _unb64(text: str) -> bytearray:
@@ -345,9 +348,9 @@ class CohesionState:
         """The state ``text`` holds; a fresh state for ``None``, a foreign version or a damaged value."""
         if not text:
             return cls()
-        cached = _PARSED.pop(text, None)  # taken, not copied: nothing else holds it
-        if cached is not None:
-            return cached
+        cached = _PARSED.pop(id(text), None)  # taken, not copied: nothing else holds it
+        if cached is not None and cached[0] is text:
+            return cached[1]
         try:
             obj = json.loads(text)
             if obj.get("v") != STATE_VERSION:
@@ -512,7 +515,7 @@ EMPTY = 101  # no content terms: a possible but poor place
 _CUE_BONUS = 25
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs three times as much to build, every message
 class Observation:
     """What the detector made of one incoming message."""
 
