@@ -56,6 +56,7 @@ import json
 import re
 import struct
 import zlib
+from binascii import b2a_base64 as _b2a  # base64.b64encode without its Python wrapper
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -205,7 +206,7 @@ def _pack(ids: tuple[int, ...]) -> str:
     big = 0
     for i in ids:
         big = big << 24 | i
-    return base64.b64encode(big.to_bytes(3 * len(ids), "big")).decode("ascii")
+    return _b2a(big.to_bytes(3 * len(ids), "big"), newline=False).decode("ascii")
 
 
 def _unpack(text: str) -> tuple[int, ...]:
@@ -217,10 +218,10 @@ def _pack_gaps(gaps: list[int]) -> str:
     # (tokens, score) pairs: an unsigned 32-bit count and a signed byte.
     pairs = len(gaps) // 2
     try:
-        raw = struct.pack(_gap_format(pairs), *gaps[: 2 * pairs])
+        raw = struct.pack(_gap_format(pairs), *(gaps if len(gaps) == 2 * pairs else gaps[: 2 * pairs]))
     except struct.error:  # a message of more than 4 billion tokens
         raw = struct.pack(_gap_format(pairs), *(min(g, 0xFFFFFFFF) for g in gaps[: 2 * pairs]))
-    return base64.b64encode(raw).decode("ascii")
+    return _b2a(raw, newline=False).decode("ascii")
 
 
 @lru_cache(maxsize=64)
@@ -237,7 +238,7 @@ _EMPTY = bytes(_BITS // 8)
 
 
 def _b64(bits: bytes | bytearray) -> str:
-    return "" if bits == _EMPTY else base64.b64encode(bits).decode("ascii")
+    return "" if bits == _EMPTY else _b2a(bits, newline=False).decode("ascii")
 
 
 _ROLES = {r: f'"{r}"' for r in ("", "user", "assistant", "system", "tool")}
