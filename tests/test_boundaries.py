@@ -20,6 +20,7 @@ from tiered_history.core.boundaries import (
     decide,
     explicit_boundary,
     phrase_pattern,
+    reply_sequence,
     silence_elapsed,
     size_boundary,
     temporal_boundary,
@@ -299,6 +300,33 @@ async def test_first_message_with_the_phrase_seals_nothing(hc: HistoryCompressor
     await hc.add_message("c", msg("user", "New topic: hello", 0))
     h = await hc.get_history("c")
     assert h.topics == [] and h.open_topic_start == 1
+
+
+async def test_a_reply_to_the_topic_sealed_just_before_reopens_it(url: str) -> None:
+    # ``metadata["reply_to"]`` names the sequence replied to (a threaded reply, a quote).
+    async with HistoryCompressor(url, boundaries={"min_topic_tokens": 0}) as hc:
+        for cid, meta in (("reply", {"reply_to": 2}), ("plain", {}), ("older", {"reply_to": 3})):
+            await hc.add_message(cid, msg("user", "How do I water tomato seedlings?", 0))
+            await hc.add_message(cid, msg("assistant", "Deeply, in the morning.", 1))
+            await hc.add_message(cid, msg("user", "Any plans for the weekend?", 90))  # silence seals
+            assert [t.sealed_reason for t in (await hc.get_history(cid)).topics] == ["silence"]
+            await hc.add_message(cid, msg("user", "Thanks, that helped a lot!", 91, metadata=meta))
+        reopened = await hc.get_history("reply")
+        assert reopened.open_topic_start == 1 and [t.status for t in reopened.topics] == ["superseded"]
+        ctx = await hc.get_context("reply", 4000)
+        assert [m.sequence for m in ctx.current_topic] == [1, 2, 3, 4]
+        # Without it, or replying inside the open topic, the seal stands.
+        for cid in ("plain", "older"):
+            h = await hc.get_history(cid)
+            assert h.open_topic_start == 3 and [t.sealed_reason for t in h.topics] == ["silence"]
+
+
+def test_reply_sequence_reads_whole_numbers_only() -> None:
+    assert reply_sequence({"reply_to": 7}) == 7
+    assert reply_sequence({"reply_to": True}) is None
+    assert reply_sequence({"reply_to": "7"}) is None
+    assert reply_sequence({"reply_to": -1}) is None
+    assert reply_sequence(None) is None and reply_sequence({}) is None
 
 
 async def test_custom_phrases_and_roles_via_settings(url: str) -> None:

@@ -241,6 +241,25 @@ def test_a_wider_window_waits_longer_and_moves_more_messages() -> None:
     assert (6, 0) in sealed
 
 
+def test_a_reply_that_goes_back_to_the_old_topic_cancels_the_shift() -> None:
+    # The statement at index 6 is all new words, but the reply picks the carbonara up again.
+    back = "Back to the carbonara though: pecorino, guanciale and the pasta."
+    assert all(reason is None for _i, reason, _k in replay([*PASTA, ENGINE[0], back], rules()))
+    # Without the confirmation (anything the reply says confirms) the statement alone is a shift.
+    unconfirmed = replay([*PASTA, ENGINE[0], back], rules(cohesion_confirm_novelty=1.01))
+    assert [(i, keep) for i, reason, keep in unconfirmed if reason] == [(7, 1)]
+
+
+def test_a_short_remark_does_not_open_a_topic_the_message_after_it_does() -> None:
+    # "Nice weather." has one content term: too little to say the talk turned there. Judged
+    # together with the next message (``cohesion_opener_min_terms=0``) it opened the topic.
+    convo = [*PASTA, "Nice weather.", *ENGINE]
+    cuts = [i - keep for i, reason, keep in replay(convo, rules()) if reason]
+    assert cuts == [7]
+    joint = [i - keep for i, reason, keep in replay(convo, rules(cohesion_opener_min_terms=0)) if reason]
+    assert joint == [6]
+
+
 def test_messages_without_content_inside_the_window_move_with_it() -> None:
     convo = [*PASTA, ENGINE[0], "ok", "", ENGINE[1]]
     sealed = [(i, keep) for i, reason, keep in replay(convo, rules()) if reason]

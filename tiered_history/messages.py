@@ -43,7 +43,10 @@ Rules (each enforced by :func:`normalize_message`, which raises
   milliseconds); absent or ``None`` means ``now``. Naive values are rejected (we cannot know
   their zone), and so is any instant outside years 1..9999 once converted to UTC (neither
   Python nor the SQL stores can hold it).
-* ``metadata``: a JSON object with string keys (absent or ``None`` means ``{}``).
+* ``metadata``: a JSON object with string keys (absent or ``None`` means ``{}``). One key is
+  read: ``reply_to``, the sequence of the earlier message this one replies to (a threaded
+  reply, a quote); a reply to the topic sealed just before reopens it (see
+  :func:`~tiered_history.core.boundaries.decide`).
 * ``pinned``: ``True`` or ``False`` (absent or ``None`` means ``False``).
 
 The payload and metadata are fresh copies made of plain ``dict``/``list``/scalars: changing the

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .core.assembly import Recalled, Rows, Shares, assemble
-from .core.boundaries import BoundaryRules
+from .core.boundaries import BoundaryRules, reply_sequence
 from .core.budget import (
     MIN_MAX_TOKENS,
     EscalationBudget,
@@ -304,6 +304,7 @@ class ReplyPath:
             tool_call_ids=n.tool_call_ids,
             tool_call_id=n.tool_call_id,
             metadata=n.metadata or None,
+            reply_to=reply_sequence(n.metadata),
             words=len(words(n.text)),
         )
 

@@ -260,7 +260,7 @@ def _keys(phrases: Sequence[str]) -> tuple[str, ...]:
 class PhraseMatcher:
     """Finds an anchored phrase: a substring pre-filter, then one match per sentence start."""
 
-    __slots__ = ("_body", "_keys")
+    __slots__ = ("_apostrophe", "_body", "_keys")
 
     def __init__(self, phrases: Sequence[str]) -> None:
         alternatives = []
@@ -274,11 +274,17 @@ class PhraseMatcher:
             else:
                 alternatives.append(f"{head}{body}(?!\\w)")
         self._keys = _keys(phrases)
+        self._apostrophe = any("'" in k for k in self._keys)  # then only a normalised text may be searched
         self._body = re.compile(f"{_PREFIX}{_LEAD}(?:{'|'.join(alternatives)})", re.IGNORECASE)
 
     def could_match(self, text: str) -> bool:
-        low = text.lower()
-        return any(k in low for k in self._keys)
+        """A cheap test ruling most texts out, normalised or not (``normalize`` only maps apostrophes)."""
+        low = normalize(text).lower() if self._apostrophe else text.lower()
+        # A plain loop: any() over a generator costs twice as much here.
+        for k in self._keys:  # noqa: SIM110
+            if k in low:
+                return True
+        return False
 
     def search(self, text: str) -> bool:
         """True when ``text`` (already normalised, quotes masked) opens a sentence with a phrase."""
@@ -299,11 +305,14 @@ def phrase_pattern(phrases: tuple[str, ...]) -> PhraseMatcher | None:
 
 def anchored_phrase(text: str, phrases: tuple[str, ...]) -> bool:
     """True when ``text`` opens a sentence with one of ``phrases`` (see the module docstring)."""
-    matcher = phrase_pattern(phrases)
+    return matches(phrase_pattern(phrases), text)
+
+
+def matches(matcher: PhraseMatcher | None, text: str) -> bool:
+    """``anchored_phrase`` with the matcher already looked up (``phrase_pattern``)."""
     if matcher is None or not text:
         return False
-    text = normalize(text)
-    return matcher.could_match(text) and matcher.search(strip_quotes_and_code(text))
+    return matcher.could_match(text) and matcher.search(strip_quotes_and_code(normalize(text)))
 
 
 def phrases_for(languages: Iterable[str] | None = None, extra: Iterable[str] = ()) -> tuple[str, ...]:

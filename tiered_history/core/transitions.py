@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import InvalidMessageError
 from ..models import StoredMessage, Summary
-from .boundaries import COHESION, UNSEAL, BoundaryRules, OpenTopic, Proposal, decide
+from .boundaries import COHESION, UNSEAL, BoundaryRules, OpenTopic, Proposal, decide, reply_sequence
 from .boundaries import Incoming as Seen
 from .cohesion import CohesionState
 from .ranking import words
@@ -888,6 +888,7 @@ def _incoming_of(m: StoredMessage) -> Incoming:
         tool_call_ids=tuple(str(c.get("id")) for c in m.tool_calls or ()),
         tool_call_id=m.tool_call_id,
         metadata=dict(m.metadata) or None,
+        reply_to=reply_sequence(m.metadata),
         words=len(words(m.content)),
     )
 
