@@ -180,7 +180,8 @@ class Settings(BaseModel):
         merged = _deep_merge(_deep_merge(file_values, env_values), overrides)
         try:
             # Environment values were merged above, key by key, so that a nested variable
-            # combines with the file's section (model_validate does not read them again).
+            # combines with the file's section; __init__ (which model_validate calls) merges
+            # them again, beneath the values passed in, which already hold them.
             return cls.model_validate(merged)
         except ValidationError as exc:
             raise ConfigurationError(describe_validation_error(exc, {**aliases, **more})) from None
