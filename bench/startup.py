@@ -34,11 +34,13 @@ from typing import Any
 
 from ._common import REPO, git_revision, log, machine, table, update_section
 
+DEPENDENCIES = "import asyncio, pydantic\nclass M(pydantic.BaseModel):\n    x: int = 0"
 IMPORTS: list[tuple[str, str]] = [
     ("interpreter floor", "pass"),
     ("package", "import tiered_history"),
     ("what a bot imports", "from tiered_history import HistoryCompressor"),
-    ("its unavoidable dependencies", "import pydantic, asyncio"),
+    # pydantic loads most of itself when the first model class is built, hence the class.
+    ("floor of its dependencies: asyncio, pydantic and one model", DEPENDENCIES),
 ]
 
 FIRST_CALLS = """
@@ -195,7 +197,12 @@ def render(
     rows = []
     for what, code in IMPORTS:
         med = statistics.median(imports[code])
-        rows.append([f"`{code}`", what, f"{med:.0f}", "-" if code == "pass" else f"{med - floor:.0f}"])
+        shown = (
+            "`import asyncio, pydantic; class M(pydantic.BaseModel): ...`"
+            if code == DEPENDENCIES
+            else f"`{code}`"
+        )
+        rows.append([shown, what, f"{med:.0f}", "-" if code == "pass" else f"{med - floor:.0f}"])
     med = statistics.median(uncached)
     rows.append(
         [
