@@ -53,7 +53,7 @@ class BoundarySettings(BaseModel):
     cohesion: bool = True
     unseal: bool = True
     languages: list[str] = Field(default_factory=lambda: list(LANGUAGES))
-    trigger_phrases: list[str] = Field(default_factory=list)
+    trigger_phrases: list[str] = Field(default_factory=lambda: [])
     trigger_roles: list[Literal["system", "user", "assistant", "tool"]] = Field(
         default_factory=lambda: list(_TRIGGER_ROLES)
     )
@@ -151,7 +151,9 @@ class Settings(BaseModel):
     silence_minutes: float = Field(30.0, gt=0, le=525_600)
     token_threshold: float = Field(0.60, gt=0.0, le=1.0)
     boundaries: BoundarySettings = Field(default_factory=lambda: BoundarySettings())
-    platforms: dict[str, PlatformSettings] = Field(default_factory=dict)
+    # Factories are lambdas, not dict/list: pydantic reads a factory's signature, and a builtin's
+    # is parsed from text with the tokenize module (~3 ms of every start-up).
+    platforms: dict[str, PlatformSettings] = Field(default_factory=lambda: {})
     summarizer: SummarizerSettings = Field(default_factory=lambda: SummarizerSettings())
     summarize_inline: bool = False
     maintenance_interval_seconds: float = Field(30.0, gt=0, le=86_400)
