@@ -20,6 +20,7 @@ STEPS: list[list[str]] = [
     ["bench.retention", "--out", str(DOC)],
     ["bench.llm_cost", "--out", str(DOC)],
     ["bench.inspector", "--messages", "100000", "--out", str(DOC)],
+    ["bench.startup", "--out", str(DOC)],
 ]
 LOAD = ["--conversations", "1000", "--clients", "4", "--workers", "2", "--seconds", "30"]
 

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import tiered_history
 from tiered_history import HistoryCompressor, SyncHistoryCompressor
 
@@ -122,13 +124,16 @@ def test_the_core_imports_no_io_layer() -> None:
     assert len(seen) >= 8  # the walk really read the core
 
 
-def test_get_context_never_imports_litellm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_get_context_never_imports_litellm(tmp_path: Path, store: str) -> None:
+    # A fresh interpreter and (for SQLite) a fresh database file: the process's very first calls.
+    url = "memory://" if store == "memory" else f"sqlite:///{tmp_path / 'h.db'}"
     code = """
 import asyncio, sys, time
 from tiered_history import HistoryCompressor
 
 async def main():
-    async with HistoryCompressor.from_url("memory://", model="gpt-4o-mini") as hc:
+    async with HistoryCompressor.from_url(sys.argv[1], model="gpt-4o-mini") as hc:
         await hc.add_message("c", {"role": "user", "content": "hi"})
         started = time.perf_counter()
         ctx = await hc.get_context("c")
@@ -139,7 +144,7 @@ async def main():
 
 asyncio.run(main())
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
 

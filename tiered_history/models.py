@@ -84,7 +84,7 @@ class Message(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     pinned: bool = False
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=lambda: {})  # a lambda: see Settings.platforms
 
     @field_validator("content")
     @classmethod

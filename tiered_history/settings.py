@@ -11,13 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
 
 from .core.phrases import DEFAULT_PHRASES, phrases_for
 from .errors import ConfigurationError
@@ -59,7 +53,7 @@ class BoundarySettings(BaseModel):
     cohesion: bool = True
     unseal: bool = True
     languages: list[str] = Field(default_factory=lambda: list(LANGUAGES))
-    trigger_phrases: list[str] = Field(default_factory=list)
+    trigger_phrases: list[str] = Field(default_factory=lambda: [])
     trigger_roles: list[Literal["system", "user", "assistant", "tool"]] = Field(
         default_factory=lambda: list(_TRIGGER_ROLES)
     )
@@ -128,15 +122,17 @@ class SummarizerSettings(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
 
 
-class Settings(BaseSettings):
-    """Every knob of tiered-history. ``config.example.yaml`` documents each key."""
+class Settings(BaseModel):
+    """Every knob of tiered-history. ``config.example.yaml`` documents each key.
 
-    model_config = SettingsConfigDict(
-        env_prefix="TIERED_HISTORY_",
-        env_nested_delimiter="__",
-        extra="forbid",
-        validate_default=True,
-    )
+    ``Settings(**values)`` fills what ``values`` leave out from the ``TIERED_HISTORY_*``
+    variables, then the defaults; :meth:`load` reads the YAML file as well.
+    """
+
+    # A plain model, not pydantic-settings' BaseSettings: that package (and python-dotenv, which
+    # it imports) cost about 30 ms of every start-up, and only our own reader of the environment
+    # (_env_values) was ever used of it.
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
     database_url: str | None = None
     model: str = "cl100k_base"
@@ -155,7 +151,9 @@ class Settings(BaseSettings):
     silence_minutes: float = Field(30.0, gt=0, le=525_600)
     token_threshold: float = Field(0.60, gt=0.0, le=1.0)
     boundaries: BoundarySettings = Field(default_factory=lambda: BoundarySettings())
-    platforms: dict[str, PlatformSettings] = Field(default_factory=dict)
+    # Factories are lambdas, not dict/list: pydantic reads a factory's signature, and a builtin's
+    # is parsed from text with the tokenize module (~3 ms of every start-up).
+    platforms: dict[str, PlatformSettings] = Field(default_factory=lambda: {})
     summarizer: SummarizerSettings = Field(default_factory=lambda: SummarizerSettings())
     summarize_inline: bool = False
     maintenance_interval_seconds: float = Field(30.0, gt=0, le=86_400)
@@ -163,18 +161,9 @@ class Settings(BaseSettings):
     summary_max_attempts: int = Field(5, ge=1, le=100)
     retry_backoff_seconds: float = Field(60.0, ge=0, le=86_400)
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Our own reader of TIERED_HISTORY_* (see _env_values): pydantic-settings' would parse
-        # nested values as JSON only, so the documented '[user, assistant]' failed.
-        return (init_settings, _EnvSource(settings_cls))
+    def __init__(self, **values: Any) -> None:
+        # Keyword arguments win over the environment, section by section (what BaseSettings did).
+        super().__init__(**_deep_merge(_env_values(), values))
 
     @classmethod
     def load(cls, config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
@@ -193,8 +182,8 @@ class Settings(BaseSettings):
         merged = _deep_merge(_deep_merge(file_values, env_values), overrides)
         try:
             # Environment values were merged above, key by key, so that a nested variable
-            # combines with the file's section; pydantic-settings also reads them here, but
-            # the merged values passed in take precedence.
+            # combines with the file's section; __init__ (which model_validate calls) merges
+            # them again, beneath the values passed in, which already hold them.
             return cls.model_validate(merged)
         except ValidationError as exc:
             raise ConfigurationError(describe_validation_error(exc, {**aliases, **more})) from None
@@ -205,6 +194,8 @@ class Settings(BaseSettings):
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
+    import yaml  # only when a file is read: PyYAML adds ~8 ms to every start-up
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -229,16 +220,6 @@ NOT_SETTINGS: frozenset[str] = frozenset({"CONFIG", "WEB_TOKEN", "PG_PARTITIONS"
 NOT_SETTINGS_PREFIXES: tuple[str, ...] = ("TEST_", "BENCH_")
 
 
-class _EnvSource(PydanticBaseSettingsSource):
-    """The ``TIERED_HISTORY_*`` variables, read by :func:`_env_values`."""
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return _env_values()
-
-
 def _env_values() -> dict[str, Any]:
     """``TIERED_HISTORY_*`` variables as a nested dict (values parsed as YAML, so lists can be
     written ``[user, assistant]``); an unknown one is kept, for validation to reject by name."""
@@ -251,6 +232,8 @@ def _env_values() -> dict[str, Any]:
         if name in NOT_SETTINGS or name.startswith(NOT_SETTINGS_PREFIXES):
             continue
         parts = name.lower().split("__")
+        import yaml  # only when such a variable is set (see read_yaml)
+
         try:
             value = yaml.safe_load(raw) if raw != "" else None
         except yaml.YAMLError:

@@ -30,12 +30,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Final
-
-import tiktoken
+from typing import TYPE_CHECKING, Any, Final
 
 from .core.framing import REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, TOKENS_PER_NAME
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import tiktoken
 
 #: Share of the budget to leave free when the tokenizer is only an estimate (Claude, Llama,
 #: Gemini... counted with cl100k_base): filling ``max_tokens * (1 - margin)`` stays within
@@ -76,6 +77,8 @@ def _point_tiktoken_at_litellm_copy() -> None:
 
 def _known_encoding(model: str) -> str | None:
     """The tiktoken encoding of ``model`` when tiktoken knows it exactly, else None."""
+    import tiktoken  # here, not at the top: ``import tiered_history`` need not load it
+
     if model in tiktoken.list_encoding_names() or model in _SHIPPED:
         return model
     try:
@@ -93,6 +96,8 @@ def encoding_name_for(model: str) -> str:
 
 @lru_cache(maxsize=8)
 def get_encoding(name: str) -> tiktoken.Encoding:
+    import tiktoken
+
     with _lock:
         _point_tiktoken_at_litellm_copy()
         try:

@@ -13,15 +13,18 @@ from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 
 from ..errors import SchemaError
 from .schema import FULL_TEXT
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic is imported only where a migration runs or the scripts must be read by it: importing
+# it takes ~80 ms, which a process's first call paid even when the schema was already current.
 
 #: Arbitrary key for PostgreSQL's advisory lock around migrations.
 _PG_LOCK_KEY = 0x7469_6572  # "tier"
@@ -56,6 +59,8 @@ def migrations_dir() -> Path:
 
 
 def alembic_config(url: str | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     if url:
@@ -65,17 +70,58 @@ def alembic_config(url: str | None = None) -> Config:
 
 @lru_cache(maxsize=1)
 def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:
         raise SchemaError("no migration head found")
     return head
 
 
+#: ``revision = "0002"`` or ``down_revision = None`` (a type annotation allowed), one a line.
+_ASSIGNED = re.compile(
+    r"""^(revision|down_revision)\s*(?::[^=\n]*)?=\s*(None|"[^"\n]*"|'[^'\n]*')\s*$""", re.M
+)
+
+
+@lru_cache(maxsize=1)
+def scripts_head() -> str | None:
+    """The head revision read from the scripts' ``revision`` / ``down_revision`` lines as text,
+    without importing Alembic; None unless they form one plain chain (Alembic then decides)."""
+    downs: dict[str, str | None] = {}
+    for path in (migrations_dir() / "versions").glob("*.py"):
+        found = dict(_ASSIGNED.findall(path.read_text(encoding="utf-8")))
+        rev, down = found.get("revision", "None"), found.get("down_revision")
+        if rev == "None" or down is None or rev[1:-1] in downs:
+            return None  # not one literal revision: a merge, a tuple, a computed value...
+        downs[rev[1:-1]] = None if down == "None" else down[1:-1]
+    heads = set(downs) - set(downs.values())
+    return heads.pop() if len(heads) == 1 else None
+
+
+def _at_head(engine: sa.Engine) -> bool:
+    """Whether the schema is at the head, checked with one SELECT and no Alembic; False when
+    unsure (no version table yet, an error), so that Alembic checks it properly."""
+    head = scripts_head()
+    if head is None:
+        return False
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT version_num FROM alembic_version")).all()
+    except sa.exc.DBAPIError:  # a new database: no version table yet
+        return False
+    return [r[0] for r in rows] == [head]
+
+
 def _current(conn: sa.Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(conn).get_current_revision()
 
 
 def _upgrade(conn: sa.Connection, target: str, options: Mapping[str, object]) -> None:
+    from alembic import command
+
     cfg = alembic_config()
     cfg.attributes["connection"] = conn
     cfg.attributes["tiered_history_options"] = dict(options)
@@ -94,9 +140,13 @@ def upgrade(engine: sa.Engine, target: str = "head", options: Mapping[str, objec
     arguments and the environment), for example ``{"partitions": 8}``. They matter only to the
     revisions that run: the partitioned layout is chosen when the tables are created.
     """
+    if target == "head" and _at_head(engine):
+        return  # the usual start of a process: nothing to migrate, Alembic never imported
     head = head_revision()
     if target == "head" and current_revision(engine) == head:
         return
+    from alembic.script import ScriptDirectory
+
     from .dialect import WRITE_OPTION
 
     with engine.connect() as raw:
