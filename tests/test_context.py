@@ -669,3 +669,82 @@ async def test_a_pinned_message_does_not_abandon_an_open_tool_call() -> None:
             await hc.add_message(CID, {"role": "tool", "content": "late", "tool_call_id": "y"})
         sent = (await hc.get_context(CID, 1000)).to_messages()
         assert [m.get("tool_calls", [{}])[0].get("id") for m in sent if m.get("tool_calls")] == ["x"]
+
+
+# -- cache-stable layout ------------------------------------------------------------------------------
+
+
+async def _topics(hc: HistoryCompressor, budget: int, n: int, check: Any = None) -> None:
+    """``n`` topics of six messages (shared topic words, then each message's own), each sealed and
+    summarised, with a context read after every message."""
+    k = 0
+    for topic in range(n):
+        for _ in range(6):
+            role = "user" if k % 2 == 0 else "assistant"
+            content = f"topic {topic} msg {k} " + words(f"t{topic}w", 12) + " " + words(f"m{k}x", 30)
+            await hc.add_message(CID, Message(role=role, content=content, timestamp=ts(k)))
+            k += 1
+            ctx = await hc.get_context(CID, budget)
+            assert request_tokens(ctx) <= budget
+            if check is not None:
+                check(ctx)
+        await hc.seal_current_topic(CID)
+        await hc.maintain(CID, now=ts(k))
+
+
+def _summaries(n: int) -> ScriptedSummarizer:
+    return ScriptedSummarizer(default=words("s", n))
+
+
+async def test_a_window_moved_at_an_event_keeps_the_summaries_shown_before_as_a_prefix() -> None:
+    """When the window start moves (at a seal or a summary) and nothing shown was merged since,
+    the summaries shown so far stay first in their block and the new ones follow: the context up
+    to the end of the old ones is what the provider cached, so the move costs only what follows."""
+    budget = 4000
+    seen: list[CompressedContext] = []
+    moves: list[tuple[CompressedContext, CompressedContext]] = []
+
+    def check(ctx: CompressedContext) -> None:
+        if seen and seen[-1].current_topic[0].sequence != ctx.current_topic[0].sequence:
+            moves.append((seen[-1], ctx))
+        seen.append(ctx)
+
+    async with compressor(context_budget=budget, recall={"enabled": False}, summarizer=_summaries(60)) as hc:
+        await _topics(hc, budget, 14, check)
+        history = await hc.get_history(CID)
+    merged = {t.id for t in history.topics if t.merged_into is not None}
+    kept = 0
+    for before, after in moves:
+        if before.historical_topics and not {t.id for t in before.historical_topics} & merged:
+            head = before.blocks["topic"].rsplit("\n", 1)[0]
+            assert after.blocks["topic"].startswith(head), (before.tier_tokens, after.tier_tokens)
+            assert after.bulk_archives == before.bulk_archives
+            kept += 1
+    assert kept >= 2
+
+
+async def test_a_new_window_start_leaves_no_topic_summary_out_while_there_is_room_for_it() -> None:
+    """Windows start only at summary boundaries, so a new start can leave a whole topic's worth
+    unused beyond the room kept for the open topic to grow: the topic summaries fill it, and no
+    part of the timeline goes dark while the context has room to show it."""
+    budget = 4000
+    async with compressor(context_budget=budget, recall={"enabled": False}, summarizer=_summaries(60)) as hc:
+        await _topics(hc, budget, 14)
+        ctx = await hc.get_context(CID, budget)
+        history = await hc.get_history(CID)
+        start = ctx.current_topic[0].sequence
+        shown = {t.id for t in ctx.historical_topics}
+        archived = max((a.last_sequence for a in ctx.bulk_archives), default=0)
+        left_out = [
+            t
+            for t in history.topics
+            if t.merged_into is None
+            and archived < t.first_sequence
+            and t.last_sequence < start
+            and t.id not in shown
+        ]
+        # The room the open topic may still grow into before the size rule seals it.
+        growth = int((budget - 3) * 0.5 * hc.settings.token_threshold)
+        assert ctx.historical_topics
+        for t in left_out:
+            assert request_tokens(ctx) + t.token_count + growth > budget, (t.first_sequence, ctx.tier_tokens)

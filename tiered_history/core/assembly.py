@@ -11,7 +11,9 @@ The context is laid out stable-first, so a provider's prompt cache keeps hitting
   blocks and the recall reserve, fits; so it stays put turn after turn while the conversation
   grows, and jumps by a chunk when it must, like "append until full, then drop the oldest half".
 * **Topic summaries** cover what came before the window start: the newest and largest ones
-  first within the topic share (less its recall reserve), shown oldest first.
+  first within the topic share (less its recall reserve), shown oldest first. When the window
+  moves, the summaries shown so far stay and those of what it left are appended, so the blocks
+  stay a cached prefix; room the new start leaves beyond the growth room goes to more summaries.
 * **Archives** (merged summaries, rolled up into coarser ones as they grow) cover the oldest
   parts: the whole timeline stays represented.
 * **Recall** uses what is left, the reserve at least: the messages (whole tool units) and
@@ -329,6 +331,30 @@ def assemble(
             _fill("topic", [x for x in rows.frozen if x.tier == "topic"], avail, measure),
         )
 
+    def extended(i: int) -> tuple[_Block, _Block] | None:
+        """The blocks shown so far, with the topic summaries of what a window starting at unit
+        ``i`` no longer holds appended: a new start then rewrites only the window, not the blocks
+        before it, which a provider keeps serving from its cache. ``None`` when that is not
+        possible: a block shown so far was merged or rolled up since (an event that rewrites
+        anyway), or not every summary of what the window leaves fits the topic tier."""
+        if not rows.frozen or rows.mark is None:
+            return None
+        first = units[i][0].sequence
+        live = {x.id for x in (*rows.topics, *rows.archives)}
+        if any(x.id not in live or x.last_sequence >= first for x in rows.frozen):
+            return None
+        shown = [x for x in rows.frozen if x.tier == "topic"]
+        last = max((x.first_sequence for x in shown), default=0)
+        left = [t for t in rows.topics if rows.mark.start <= t.first_sequence and t.last_sequence < first]
+        if any(t.first_sequence <= last for t in left):
+            return None
+        bulk = _fill("bulk", [x for x in rows.frozen if x.tier != "topic"], avail, measure)
+        previous = _fill("topic", shown, avail, measure)
+        topic = _fill("topic", shown + left, max(topic_limit, previous.tokens), measure)
+        if len(topic.items) < len(shown) + len(left) or len(bulk.items) < len(rows.frozen) - len(shown):
+            return None
+        return bulk, topic
+
     # The window gets its share, and whatever the stable blocks beside a window of that share
     # leave of theirs: it never grows over the summaries the topic tier has room to show (a
     # summary keeps more of a topic per token than its oldest messages word for word).
@@ -366,8 +392,40 @@ def assemble(
             measure,
             shares.redistribute,
         )
+
+    def widen(
+        i: int, blocks: tuple[_Block, _Block], room: int, append: bool = False
+    ) -> tuple[_Block, _Block]:
+        """The blocks beside a new window start, given what that window leaves unused beyond its
+        growth room: windows start only at summary boundaries, so that slack can be a whole
+        topic's worth. More topic summaries, then more archives, fill it; they stay until the
+        window moves again, so the prefix a provider caches does not change for it."""
+        spare = avail - reserve - room - suffix[i] - blocks[0].tokens - blocks[1].tokens
+        if spare <= 0:
+            return blocks
+        bulk, topic = blocks
+        # Blocks kept from the previous start only grow at their end: their text stays a prefix.
+        after = max((x.first_sequence for x in topic.items), default=0) if append else 0
+        ids = {x.id for x in topic.items}
+        extra = [t for t in ranked(i) if t.id not in ids and t.first_sequence > after]
+        more = _fill("topic", [*topic.items, *extra], topic.tokens + spare, measure)
+        if more.tokens > topic.tokens and ids <= {x.id for x in more.items}:
+            spare -= more.tokens - topic.tokens
+            topic = more
+        if append:
+            return bulk, topic
+        first = units[i][0].sequence
+        ids = {x.id for x in bulk.items}
+        extra = [a for a in reversed(rows.archives) if a.last_sequence < first and a.id not in ids]
+        more = _fill("bulk", [*bulk.items, *extra], bulk.tokens + spare, measure)
+        if more.tokens > bulk.tokens and ids <= {x.id for x in more.items}:
+            bulk = more
+        return bulk, topic
+
     step = max(int(limit * shares.anchor), 1)
-    chosen, (archives, topics) = _choose(units, step, stable, frozen, fits, aligned, rows, max_tokens)
+    chosen, (archives, topics) = _choose(
+        units, step, stable, frozen, fits, aligned, rows, max_tokens, widen, extended
+    )
     if chosen is None:
         # Not even the newest unit fits beside the stable blocks: the newest unit alone.
         chosen = len(units) - 1
@@ -483,6 +541,8 @@ def _choose(
     aligned: Callable[[int], bool],
     rows: Rows,
     budget: int,
+    widen: Callable[[int, tuple[_Block, _Block], int, bool], tuple[_Block, _Block]] = lambda i, b, r, a: b,
+    extended: Callable[[int], tuple[_Block, _Block] | None] = lambda i: None,
 ) -> tuple[int | None, tuple[_Block, _Block]]:
     """The unit the window starts at, and the blocks beside it.
 
@@ -490,8 +550,10 @@ def _choose(
     first read after an event it keeps them too if the window can still grow until the next seal.
     Otherwise it starts anew at the earliest unit that leaves room for that growth, and for at
     least ``step`` tokens, so that the next move is a while away (like "append until full, then
-    drop the oldest part"); the blocks are chosen anew. Only a window that no longer fits at all
-    moves between events.
+    drop the oldest part"); the blocks shown so far are kept with the summaries of what the window
+    left appended (``extended``) when they are all still live and fit, else chosen anew; either way
+    what that start leaves unused beyond the growth room goes to more summaries (``widen``). Only
+    a window that no longer fits at all moves between events.
     """
     at = {u[0].sequence: i for i, u in enumerate(units)}
     first = 0
@@ -512,9 +574,12 @@ def _choose(
         for i in range(first, len(units)):
             if not aligned(i) and i < len(units) - 1:
                 continue
+            kept = extended(i)
+            if kept is not None and fits(i, kept, room):
+                return i, widen(i, kept, room, True)
             blocks = stable(i)
             if fits(i, blocks, room):
-                return i, blocks
+                return i, widen(i, blocks, room, False)
     return None, (_Block("bulk"), _Block("topic"))
 
 
