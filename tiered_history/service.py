@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -79,6 +79,8 @@ STORE_THREADS = 8
 EXPORT_ATTEMPTS = 10
 #: Conversation states remembered per compressor (the most recently used).
 STATE_CACHE = 4096
+#: Contexts remembered per compressor (one per conversation, the most recently read).
+CONTEXT_CACHE = 256
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,55 @@ class StateCache:
     def forget(self, conversation_id: str) -> None:
         with self._lock:
             self._states.pop(conversation_id, None)
+
+
+class ContextCache:
+    """The newest context built here for each recent conversation, with the state it was built from.
+
+    A context is a function of the conversation's stored rows, the budget, the query and this
+    compressor's settings; the rows change only with the state's version (every write and every
+    maintenance step moves it, in whichever process), so an equal state read back means an equal
+    context. One entry per conversation: the latest (budget, query, record) asked for.
+    """
+
+    def __init__(self, size: int = CONTEXT_CACHE) -> None:
+        self._entries: OrderedDict[str, tuple[object, ConversationState, CompressedContext]] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, conversation_id: str, asked: object) -> tuple[ConversationState, CompressedContext] | None:
+        with self._lock:
+            entry = self._entries.get(conversation_id)
+            if entry is None or entry[0] != asked:
+                return None
+            self._entries.move_to_end(conversation_id)
+            return entry[1], entry[2]
+
+    def put(
+        self, conversation_id: str, asked: object, state: ConversationState, ctx: CompressedContext
+    ) -> None:
+        if self._size <= 0:
+            return
+        with self._lock:
+            self._entries[conversation_id] = (asked, state, ctx)
+            self._entries.move_to_end(conversation_id)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def forget(self, conversation_id: str) -> None:
+        with self._lock:
+            self._entries.pop(conversation_id, None)
+
+
+def _copied(ctx: CompressedContext, max_tokens: int) -> CompressedContext:
+    """``ctx`` for ``max_tokens`` with lists and dicts of its own: a caller may change what it got,
+    never what is cached."""
+    own: dict[str, Any] = {}
+    for f in fields(ctx):
+        value = getattr(ctx, f.name)
+        if isinstance(value, list | dict):
+            own[f.name] = value.copy()
+    return replace(ctx, max_tokens=max_tokens, **own)
 
 
 def open_store(target: str | sa.Engine | Store) -> Store:
@@ -203,6 +254,7 @@ class ReplyPath:
         )
         self._measured: dict[str, int] = {}
         self.states = StateCache()
+        self.contexts = ContextCache()
         self._rules: dict[tuple[str | None, int | None], BoundaryRules] = {}
 
     def read_state(self, conversation_id: str) -> ConversationState | None:
@@ -488,6 +540,7 @@ class ReplyPath:
         validate_conversation_id(conversation_id)
         gone = self.store.delete(conversation_id)
         self.states.forget(conversation_id)
+        self.contexts.forget(conversation_id)
         return gone
 
     def fork(self, conversation_id: str, new_id: str, at_sequence: int | None = None) -> ConversationInfo:
@@ -734,13 +787,29 @@ class ReplyPath:
                 f"safety margin for the estimated tokenizer of {self.settings.model!r} is set aside; "
                 f"the minimum is {MIN_MAX_TOKENS}"
             )
+        asked = (budget, query, record)
+        cached = self.contexts.get(conversation_id, asked)
+        if cached is not None:
+            # One primary-key read says whether anything changed since (every write, this
+            # process's or another's, and every maintenance step moves the version).
+            state = self.read_state(conversation_id)
+            if state is None:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            if state == cached[0]:
+                return _copied(cached[1], max_tokens)
         snap = self.snapshot(conversation_id, budget)
-        ctx = self.assemble(conversation_id, budget, snap, query)
+        ctx = replace(
+            self.assemble(conversation_id, budget, snap, query),
+            max_tokens=max_tokens,
+            encoding=self.counter.encoding_name,
+            exact_tokens=self.counter.exact,
+        )
         if record:
             self._remember(snap.state, budget, ctx)
-        return replace(
-            ctx, max_tokens=max_tokens, encoding=self.counter.encoding_name, exact_tokens=self.counter.exact
-        )
+        # Kept for the state it was built from: a recorded window or budget moves the version,
+        # so the next call builds it again from the recorded state (and keeps that one).
+        self.contexts.put(conversation_id, asked, snap.state, ctx)
+        return _copied(ctx, max_tokens)
 
     def _remember(self, state: ConversationState, max_tokens: int, ctx: CompressedContext) -> None:
         """Keep the budget this conversation is read with (topic sizes and merges follow it) and

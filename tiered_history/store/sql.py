@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from ..core.ranking import Query
+from ..core.ranking import K1, B, Query, idf, phrase_count, words
 from ..core.state import (
     Committed,
     ConversationState,
@@ -65,6 +65,9 @@ _STATE_COLS = (
 #: is not scored; at most this many of each word's newest rows are ranked.
 PG_DF_CAP = 1000
 PG_CANDIDATES_PER_WORD = 400
+#: SQLite search bound: each query word's newest matching rows of a conversation that are ranked
+#: (at least as many as the results asked for).
+SQLITE_CANDIDATES_PER_WORD = 64
 
 
 class Statements:
@@ -168,18 +171,28 @@ class Statements:
                 "WHERE conv = :conv AND status NOT IN ('pending', 'superseded')"
             )
         else:
-            # FTS5's bm25() (k1 1.2, b 0.75) with the text column only (the conversation column
-            # selects, it does not score); it is negative, lower is better.
-            self.search_messages = s(
-                f"SELECT {m_cols}, -bm25(messages_fts, 1.0, 0.0) AS score FROM messages_fts "
-                "JOIN messages m ON m.id = messages_fts.rowid WHERE messages_fts MATCH :q "
-                "ORDER BY score DESC, m.seq DESC LIMIT :lim"
+            # FTS5 finds each query word's newest rows of one conversation, newest first, and stops
+            # after :lim of them (FTS5 walks its index in rowid order, which is the conversation's
+            # order); the store ranks those candidates by BM25 itself (FTS5's bm25() would first
+            # count every row of the table holding each word: O(all matching rows) per query).
+            newest = "SELECT rowid FROM {0}_fts WHERE {0}_fts MATCH :q ORDER BY rowid DESC LIMIT :lim"
+            self.fts_messages = newest.format("messages")
+            self.fts_summaries = newest.format("summaries")
+            # Each candidate's recency and its length in words (FTS5's own count, in its docsize table).
+            self.fts_meta_messages = (
+                "SELECT m.id, m.seq, d.sz FROM messages m JOIN messages_fts_docsize d ON d.id = m.id "
+                "WHERE m.id IN (SELECT value FROM json_each(:ids))"
             )
-            self.search_summaries = s(
-                f"SELECT {s_cols}, -bm25(summaries_fts, 1.0, 0.0) AS score FROM summaries_fts "
-                "JOIN summaries x ON x.id = summaries_fts.rowid WHERE summaries_fts MATCH :q "
-                "AND x.status NOT IN ('pending', 'superseded') "
-                "ORDER BY score DESC, x.last_seq DESC LIMIT :lim"
+            self.fts_meta_summaries = (
+                "SELECT x.id, x.last_seq, d.sz FROM summaries x JOIN summaries_fts_docsize d ON d.id = x.id "
+                "WHERE x.id IN (SELECT value FROM json_each(:ids)) "
+                "AND x.status NOT IN ('pending', 'superseded')"
+            )
+            self.fts_rows_messages = (
+                f"SELECT id, {_MESSAGE_COLS} FROM messages WHERE id IN (SELECT value FROM json_each(:ids))"
+            )
+            self.fts_rows_summaries = (
+                f"SELECT {_SUMMARY_COLS} FROM summaries WHERE id IN (SELECT value FROM json_each(:ids))"
             )
         self.ids = s("SELECT id FROM conversations ORDER BY id")
         self.listing = s(f"SELECT {_STATE_COLS} FROM conversations WHERE id > :after ORDER BY id LIMIT :lim")
@@ -545,6 +558,8 @@ class SQLStore:
                 text = query.literal.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
                 cur.execute(self.q.search_literal, {"conv": conv, "pattern": f"%{text}%", "lim": limit})
                 return [Hit(1.0, message=self._message(cid, r)) for r in cur.fetchall()]
+            if self._sqlite:
+                return self._search_fts(cur, conv, cid, row, query, limit, kind)
             # One query per weight class; a document's score is the weighted sum over them.
             classes: dict[float, list[tuple[str, ...]]] = {}
             for i, group in enumerate(query.groups):
@@ -559,6 +574,91 @@ class SQLStore:
             return [_rescored(found[k], scores[k]) for k in ordered[:limit]]
 
         return self._tx("searching", run, write=False)
+
+    def _search_fts(
+        self, cur: Any, conv: int, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
+    ) -> list[Hit]:
+        """BM25 over a bounded candidate set (SQLite): each query word's newest matching rows.
+
+        A word's document frequency is exact below the cap; above it, it is estimated from how far
+        back its newest rows reach. N and the average length come from the conversation (messages:
+        its state; summaries: its topic and archive counts and the candidates' lengths). Only the
+        candidates that could still be among the best ``limit`` (by a bound computed from the words
+        each holds and its length) have their text read and counted exactly."""
+        q = self.q
+        summary = kind != "message"
+        body = json.loads(row[9])
+        last = max(int(body["last"]), 1)
+        cap = max(SQLITE_CANDIDATES_PER_WORD, limit)
+        weights: dict[tuple[str, ...], float] = {}
+        for i, g in enumerate(query.groups):
+            weights[g] = weights.get(g, 0.0) + query.weight(i)
+        newest: dict[tuple[str, ...], list[int]] = {}
+        for g in weights:
+            # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
+            match = f'conv : "{conv}" AND content : "{" ".join(g)}"'
+            cur.execute(q.fts_summaries if summary else q.fts_messages, {"q": match, "lim": cap})
+            newest[g] = [int(r[0]) for r in cur.fetchall()]
+        ids = sorted({i for rows in newest.values() for i in rows})
+        if not ids:
+            return []
+        cur.execute(q.fts_meta_summaries if summary else q.fts_meta_messages, {"ids": json.dumps(ids)})
+        meta = {int(r[0]): (int(r[1]), _first_varint(r[2])) for r in cur.fetchall()}
+        if not meta:
+            return []
+        if summary:
+            n = max(int(body.get("topics", 0)) + int(body.get("archives", 0)), len(meta))
+            avg = sum(dl for _, dl in meta.values()) / len(meta)
+        else:
+            n, avg = last, body.get("words", 0) / last
+        avg = max(avg, 1.0)
+        coef: dict[tuple[str, ...], float] = {}
+        holds: dict[int, list[tuple[str, ...]]] = {}
+        for g, rows in newest.items():
+            df = float(len(rows))
+            if len(rows) >= cap and rows[-1] in meta:
+                # Capped: as many per message as among the messages since its oldest candidate.
+                df = cap * last / max(last - meta[rows[-1]][0] + 1, 1)
+            coef[g] = weights[g] * idf(n, min(round(df), n))
+            for i in rows:
+                if i in meta:
+                    holds.setdefault(i, []).append(g)
+
+        def sat(tf: int, dl: int) -> float:
+            return tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * dl / avg))
+
+        # The best ``limit`` by BM25 without reading every candidate's text: visit them by an upper
+        # bound of their score (the words each holds, each as often as its length allows) and stop
+        # once no bound left can reach the ``limit``-th score found.
+        high: dict[int, float] = {}
+        most: dict[int, dict[tuple[str, ...], int]] = {}
+        for i, gs in holds.items():
+            dl = max(meta[i][1], 1)
+            most[i] = {g: max((dl - len(gs) + 1) // len(g), 1) for g in gs}
+            high[i] = sum(coef[g] * sat(most[i][g], dl) for g in gs)
+        order = sorted(holds, key=lambda i: -high[i])
+        best: list[tuple[float, int, Sequence[Any]]] = []
+        kth, pos, step = float("-inf"), 0, limit + 8
+        rows_sql = q.fts_rows_summaries if summary else q.fts_rows_messages
+        while pos < len(order) and high[order[pos]] >= kth:
+            batch = order[pos : pos + step]
+            pos += len(batch)
+            cur.execute(rows_sql, {"ids": json.dumps(batch)})
+            for r in cur.fetchall():
+                i = int(r[0])
+                doc = words(r[5] if summary else r[8])
+                dl = max(meta[i][1], 1)
+                score = sum(
+                    coef[g] * sat(min(max(phrase_count(doc, g), 1), most[i][g]), dl) for g in holds[i]
+                )
+                best.append((score, meta[i][0], r))
+            best.sort(key=lambda x: (-x[0], -x[1]))
+            del best[limit:]
+            if len(best) >= limit:
+                kth = best[-1][0]
+        if summary:
+            return [Hit(score, summary=self._summary(cid, r)) for score, _, r in best]
+        return [Hit(score, message=self._message(cid, r[1:])) for score, _, r in best]
 
     def _search_class(
         self,
@@ -880,6 +980,18 @@ def _recency(hit: Hit) -> int:
 
 def _rescored(hit: Hit, score: float) -> Hit:
     return Hit(score, hit.message, hit.summary)
+
+
+def _first_varint(blob: bytes) -> int:
+    """The first SQLite varint of ``blob`` (FTS5's docsize: the first column's length in tokens)."""
+    value = 0
+    for k, byte in enumerate(blob[:9]):
+        if k == 8:
+            return (value << 8) | byte
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            break
+    return value
 
 
 def _json(value: Any) -> str | None:
