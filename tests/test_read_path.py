@@ -204,3 +204,33 @@ def test_sqlite_search_cost_does_not_grow_with_matching_rows(tmp_path: Path) -> 
             assert len(store.search(CID, q, 16)) == 16
             costs.append(_vm_steps(store, partial(store.search, CID, q, 16)))
     assert costs[1] < costs[0] * 1.5, costs
+
+
+def test_an_incremental_read_builds_the_context_a_fresh_reader_builds(sql_url: str) -> None:
+    """The window kept from the last read, extended by the rows since, gives the context a reader
+    with nothing kept gives: through tool units, pins, long bursts and maintenance."""
+    with SyncHistoryCompressor(sql_url, recall={"enabled": True}) as h:
+        i = 0
+
+        def add(role: str, text: str, **extra: Any) -> None:
+            nonlocal i
+            i += 1
+            h.add_message(CID, {**msg(role, text, i), **extra})
+
+        for step in range(60):
+            if step % 7 == 3:
+                call = {"id": f"c{step}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                add("assistant", "", tool_calls=[call])
+                add("tool", f"result of call {step} " * 5, tool_call_id=f"c{step}")
+            elif step % 11 == 5:
+                h.pin(CID, f"pinned rule {step}", key=f"rule{step % 2}")
+            elif step % 13 == 0:
+                add("user", f"a long burst {step} " * 300)  # more than the window's cap by itself
+            else:
+                add("user" if step % 2 else "assistant", f"chatting about kites and ferries {step}")
+            if step % 17 == 16:
+                h.seal_current_topic(CID)
+                h.maintain(CID)
+            kept = h.get_context(CID, 1500, record=False)
+            with SyncHistoryCompressor(sql_url, recall={"enabled": True}) as fresh:
+                assert fresh.get_context(CID, 1500, record=False) == kept, step

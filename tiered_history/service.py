@@ -57,7 +57,7 @@ from .models import (
     validate_text_argument,
 )
 from .settings import Settings
-from .store.base import ContextRequest, Snapshot, Store, SummaryWindow, Window
+from .store.base import ContextRequest, Snapshot, Store, SummaryWindow, Window, newest_window
 from .store.memory import to_stored
 from .summarizers import ExtractiveSummarizer, Summarizer, build_summarizer
 from .summarizers.pipeline import transcript_line
@@ -130,11 +130,13 @@ class ContextCache:
     A context is a function of the conversation's stored rows, the budget, the query and this
     compressor's settings; the rows change only with the state's version (every write and every
     maintenance step moves it, in whichever process), so an equal state read back means an equal
-    context. One entry per conversation: the latest (budget, query, record) asked for.
+    context. One entry per conversation: the latest (budget, query, record) asked for; and the
+    recent window of messages it was built from, which the next read extends (see ``snapshot``).
     """
 
     def __init__(self, size: int = CONTEXT_CACHE) -> None:
         self._entries: OrderedDict[str, tuple[object, ConversationState, CompressedContext]] = OrderedDict()
+        self._windows: OrderedDict[str, tuple[int, list[StoredMessage]]] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
 
@@ -160,6 +162,22 @@ class ContextCache:
     def forget(self, conversation_id: str) -> None:
         with self._lock:
             self._entries.pop(conversation_id, None)
+            self._windows.pop(conversation_id, None)
+
+    def window(self, conversation_id: str, token_cap: int) -> list[StoredMessage] | None:
+        """The recent window last read for this conversation with ``token_cap``, oldest first."""
+        with self._lock:
+            found = self._windows.get(conversation_id)
+            return found[1] if found is not None and found[0] == token_cap else None
+
+    def keep_window(self, conversation_id: str, token_cap: int, window: list[StoredMessage]) -> None:
+        if self._size <= 0:
+            return
+        with self._lock:
+            self._windows[conversation_id] = (token_cap, window)
+            self._windows.move_to_end(conversation_id)
+            while len(self._windows) > self._size:
+                self._windows.popitem(last=False)
 
 
 def _copied(ctx: CompressedContext, max_tokens: int) -> CompressedContext:
@@ -752,15 +770,34 @@ class ReplyPath:
         )
 
     def snapshot(self, conversation_id: str, max_tokens: int) -> Snapshot:
-        """The rows a context is built from, in one consistent read (planned from the state)."""
+        """The rows a context is built from, in one consistent read (planned from the state).
+
+        Incremental when this conversation was read here before with the same budget: stored
+        messages never change, so the recent window is the one kept plus the rows since, read
+        from its newest message on (that row must be read back unchanged, else all is read)."""
         state = self.known_state(conversation_id)
         deadline = time.monotonic() + REPLAN_SECONDS
         while time.monotonic() < deadline:
             if state is None:
                 raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
-            snap = self.store.read_context(conversation_id, self._request(state, max_tokens), state.version)
+            request = self._request(state, max_tokens)
+            window = request.windows[0]
+            kept = self.contexts.window(conversation_id, window.token_cap)
+            if kept and kept[-1].sequence <= window.hi:
+                since = Window(kept[-1].sequence - 1, window.hi, window.token_cap)
+                request = replace(request, windows=(since,))
+            else:
+                kept = None
+            snap = self.store.read_context(conversation_id, request, state.version)
+            if snap is not None and kept:
+                rows = snap.windows[0]
+                if not rows or rows[0] != kept[-1]:
+                    self.contexts.forget(conversation_id)  # not the rows kept: read them all
+                    continue
+                snap = replace(snap, windows=[newest_window([*kept[:-1], *rows], window.token_cap)])
             if snap is not None:
                 self.states.put(snap.state)
+                self.contexts.keep_window(conversation_id, window.token_cap, snap.windows[0])
                 return snap
             state = self.read_state(conversation_id)
         raise StoreError(f"could not read conversation {conversation_id!r}: it kept changing")
