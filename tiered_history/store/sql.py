@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -637,6 +638,7 @@ class SQLStore:
             most[i] = {g: max((dl - len(gs) + 1) // len(g), 1) for g in gs}
             high[i] = sum(coef[g] * sat(most[i][g], dl) for g in gs)
         order = sorted(holds, key=lambda i: -high[i])
+        counts = _counter(list(weights))
         best: list[tuple[float, int, Sequence[Any]]] = []
         kth, pos, step = float("-inf"), 0, limit + 8
         rows_sql = q.fts_rows_summaries if summary else q.fts_rows_messages
@@ -646,11 +648,9 @@ class SQLStore:
             cur.execute(rows_sql, {"ids": json.dumps(batch)})
             for r in cur.fetchall():
                 i = int(r[0])
-                doc = words(r[5] if summary else r[8])
+                tf = counts(r[5] if summary else r[8])
                 dl = max(meta[i][1], 1)
-                score = sum(
-                    coef[g] * sat(min(max(phrase_count(doc, g), 1), most[i][g]), dl) for g in holds[i]
-                )
+                score = sum(coef[g] * sat(min(max(tf(g), 1), most[i][g]), dl) for g in holds[i])
                 best.append((score, meta[i][0], r))
             best.sort(key=lambda x: (-x[0], -x[1]))
             del best[limit:]
@@ -980,6 +980,26 @@ def _recency(hit: Hit) -> int:
 
 def _rescored(hit: Hit, score: float) -> Hit:
     return Hit(score, hit.message, hit.summary)
+
+
+def _counter(groups: list[tuple[str, ...]]) -> Callable[[str], Callable[[tuple[str, ...]], int]]:
+    """How often each query group occurs in a text, as :func:`~..core.ranking.phrase_count` over
+    its words counts it; single words are found by one pattern, without splitting the whole text."""
+    if any(len(g) > 1 for g in groups):
+
+        def by_words(text: str) -> Callable[[tuple[str, ...]], int]:
+            doc = words(text)
+            return lambda g: phrase_count(doc, g)
+
+        return by_words
+    # A word is a whole run of letters and digits: no letter or digit on either side.
+    pattern = re.compile(r"(?<![^\W_])(?:" + "|".join(re.escape(g[0]) for g in groups) + r")(?![^\W_])")
+
+    def by_pattern(text: str) -> Callable[[tuple[str, ...]], int]:
+        found = Counter(pattern.findall(text.lower()))
+        return lambda g: found[g[0]]
+
+    return by_pattern
 
 
 def _first_varint(blob: bytes) -> int:
