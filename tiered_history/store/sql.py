@@ -126,8 +126,11 @@ class Statements:
             f"{base} AND dropped_at IS NOT NULL AND ordinal <= :hi ORDER BY ordinal DESC LIMIT :lim"
         )
         self.summaries_all = s(f"{base} ORDER BY ordinal")
+        # SQLite would rather scan the conversation's summaries by its index than look the few
+        # ids up: ``+conv`` keeps that index out (PostgreSQL needs ``conv =`` to prune partitions).
         self.summaries_by_id = s(
-            f"SELECT {_SUMMARY_COLS} FROM summaries WHERE conv = :conv AND id {self.in_list}"
+            f"SELECT {_SUMMARY_COLS} FROM summaries WHERE {'conv' if pg else '+conv'} = :conv "
+            f"AND id {self.in_list}"
         )
         self.search_literal = s(
             f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND lower(content) LIKE :pattern "
