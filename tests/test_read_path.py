@@ -19,7 +19,7 @@ from typing import Any
 
 from tiered_history import SyncHistoryCompressor
 from tiered_history.core.ranking import parse_query
-from tiered_history.store.sql import PG_CANDIDATES_PER_WORD, PG_DF_CAP, SQLITE_CANDIDATES_PER_WORD, SQLStore
+from tiered_history.store.sql import CANDIDATES_PER_WORD, SQLStore
 
 CID = "cache"
 T0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
@@ -131,17 +131,13 @@ def test_a_deleted_and_recreated_conversation_is_read_again(sql_url: str) -> Non
 # -- bounded search --------------------------------------------------------------------------------
 
 
-def _cap(store: SQLStore) -> int:
-    return SQLITE_CANDIDATES_PER_WORD if store.caps.name == "sqlite" else PG_CANDIDATES_PER_WORD
-
-
 def test_search_past_the_candidate_cap_returns_the_best_and_newest(sql_url: str) -> None:
     """A word in more messages than the cap: the rare word still finds its old message, equal
     scores come newest first, and the best-ranked message wins however old it is."""
     with SyncHistoryCompressor(sql_url) as h:
         store = h.reply.store
         assert isinstance(store, SQLStore)
-        cap = _cap(store)
+        cap = CANDIDATES_PER_WORD
         texts = ["the zanzibar plan is settled, ferry booked"]  # 1: old, holds the rare word
         texts += ["ferry again"] * (cap + 40)  # identical: equal scores
         texts += ["ferry ferry ferry ferry timetable"]  # newest but one: ferry four times
@@ -159,12 +155,6 @@ def test_search_past_the_candidate_cap_returns_the_best_and_newest(sql_url: str)
             last - 3,
             last - 4,
         ]
-        if store.caps.name == "postgresql":
-            # PostgreSQL does not score a word in PG_DF_CAP rows or more; the rare word still counts.
-            more = ["ferry once more"] * PG_DF_CAP
-            h.add_messages(CID, [msg("user", t, last + i) for i, t in enumerate(more)])
-            assert h.search(CID, "ferry", limit=4) == []
-            assert [m.sequence for m in h.search(CID, "zanzibar ferry", limit=3)] == [1]
         hits = store.search(CID, parse_query("ferry"), 4)
         assert [x.score for x in hits] == sorted((x.score for x in hits), reverse=True)
 

@@ -62,13 +62,9 @@ _STATE_COLS = (
     "key, id, version, platform, encoding, created_at, updated_at, lease_owner, lease_expires_at, state"
 )
 
-#: PostgreSQL search bounds (see the statement): a word in more rows of a conversation than this
-#: is not scored; at most this many of each word's newest rows are ranked.
-PG_DF_CAP = 1000
-PG_CANDIDATES_PER_WORD = 400
-#: SQLite search bound: each query word's newest matching rows of a conversation that are ranked
-#: (at least as many as the results asked for).
-SQLITE_CANDIDATES_PER_WORD = 64
+#: Search bound: each query word's newest matching rows of a conversation that are ranked (at
+#: least as many as the results asked for), on SQLite and PostgreSQL.
+CANDIDATES_PER_WORD = 64
 
 
 class Statements:
@@ -136,43 +132,12 @@ class Statements:
             f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND lower(content) LIKE :pattern "
             "ESCAPE '\\' ORDER BY seq DESC LIMIT :lim"
         )
-        m_cols = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLS.split(","))
-        s_cols = ", ".join(f"x.{c.strip()}" for c in _SUMMARY_COLS.split(","))
         if pg:
-            # BM25 over the tsvectors of a bounded candidate set, so that a common word cannot make a
-            # reply read every row of a long conversation: per query word, its document frequency
-            # counted up to :dfcap (a word in more rows than that is too common to rank by and is
-            # not scored) and its :cap newest matching rows; n and the average length come from the
-            # conversation's state. Below the caps this is exact BM25, as the other stores rank.
-            def bm25(table: str, cols: str, order: str, extra: str) -> str:
-                match = "x.tsv @@ to_tsquery('simple', quote_literal(t.lexeme))"
-                return (
-                    "WITH t AS (SELECT DISTINCT unnest(CAST(:terms AS text[])) AS lexeme), "
-                    "df AS (SELECT t.lexeme, (SELECT count(*) FROM (SELECT 1 FROM "
-                    f"{table} x WHERE x.conv = :conv{extra} AND {match} LIMIT :dfcap) s) AS n FROM t), "
-                    "used AS (SELECT lexeme, n FROM df WHERE n < :dfcap), "
-                    "cand AS (SELECT DISTINCT c.id, c.tsv FROM used t CROSS JOIN LATERAL ("
-                    f"SELECT x.id, x.tsv FROM {table} x WHERE x.conv = :conv{extra} AND {match} "
-                    f"ORDER BY {order} DESC LIMIT :cap) c "
-                    "WHERE c.tsv @@ to_tsquery('simple', :tsq)), "
-                    "dl AS (SELECT c.id, c.tsv, (SELECT coalesce(sum(coalesce(array_length(v.positions, 1), "
-                    "1)), 0) FROM unnest(c.tsv) v) AS dl FROM cand c), "
-                    "tf AS (SELECT d.id, d.dl, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf "
-                    "FROM dl d, unnest(d.tsv) u WHERE u.lexeme IN (SELECT lexeme FROM used)), "
-                    "sc AS (SELECT tf.id, sum(greatest(ln((:n - used.n + 0.5) / (used.n + 0.5)), 1e-6) "
-                    "* tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / :avg))) AS score "
-                    "FROM tf JOIN used USING (lexeme) GROUP BY tf.id) "
-                    f"SELECT {cols}, sc.score FROM sc JOIN {table} x ON x.conv = :conv AND x.id = sc.id "
-                    f"ORDER BY sc.score DESC, {order} DESC LIMIT :lim"
-                )
-
-            self.search_messages = s(bm25("messages", m_cols.replace("m.", "x."), "x.seq", ""))
-            self.search_summaries = s(
-                bm25("summaries", s_cols, "x.last_seq", " AND x.status NOT IN ('pending', 'superseded')")
+            self.pg_rows_messages = s(
+                f"SELECT id, {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND id = ANY(:ids)"
             )
-            self.summary_stats = s(
-                "SELECT count(*), coalesce(avg(length(tsv)), 1) FROM summaries "
-                "WHERE conv = :conv AND status NOT IN ('pending', 'superseded')"
+            self.pg_rows_summaries = s(
+                f"SELECT {_SUMMARY_COLS} FROM summaries WHERE conv = :conv AND id = ANY(:ids)"
             )
         else:
             # FTS5 finds each query word's newest rows of one conversation, newest first, and stops
@@ -242,6 +207,32 @@ class Statements:
         )
         self._updates: dict[tuple[Any, ...], str] = {}
         self._lock = threading.Lock()
+
+    def pg_candidates(self, groups: Sequence[tuple[str, ...]], summary: bool) -> str:
+        """PostgreSQL: per query group k, its newest :cap matching rows of the conversation as
+        (k, id, recency, length, count), the count being the group's rarest word's. The words are
+        written into the statement (letters and digits only, nothing to escape), so that the
+        planner sees each one: a rare word is looked up in the GIN index, a common one found by
+        walking the conversation's newest rows backwards until :cap of them match."""
+        table, order = ("summaries", "x.last_seq") if summary else ("messages", "x.seq")
+        live = " AND x.status NOT IN ('pending', 'superseded')" if summary else ""
+        branches, counts = [], []
+        for k, g in enumerate(groups):
+            # Indexed words carry a "w" prefix (see migration 0002): so do the query's.
+            tsq = " <-> ".join(f"''w{w}''" for w in g)
+            lexemes = ", ".join(f"'w{w}'" for w in g)
+            branches.append(
+                f"(SELECT {k} AS k, x.id, {order} AS r, x.tsv FROM {table} x WHERE x.conv = %(conv)s"
+                f"{live} AND x.tsv @@ to_tsquery('simple', '{tsq}') ORDER BY {order} DESC LIMIT %(cap)s)"
+            )
+            counts.append(f"WHEN {k} THEN ARRAY[{lexemes}]")
+        # One pass over each candidate's tsvector gives its length and the group's count.
+        n = "coalesce(array_length(v.positions, 1), 1)"
+        return (
+            f"WITH c AS ({' UNION ALL '.join(branches)}) SELECT c.k, c.id, c.r, s.dl, s.tf FROM c "
+            f"CROSS JOIN LATERAL (SELECT coalesce(sum({n}), 0) AS dl, coalesce(min({n}) FILTER "
+            f"(WHERE v.lexeme = ANY(CASE c.k {' '.join(counts)} END)), 1) AS tf FROM unnest(c.tsv) v) s"
+        )
 
     def sql(self, text: str) -> str:
         """``text`` with ``:name`` parameters in the driver's style (psycopg: ``%(name)s``)."""
@@ -564,18 +555,7 @@ class SQLStore:
                 return [Hit(1.0, message=self._message(cid, r)) for r in cur.fetchall()]
             if self._sqlite:
                 return self._search_fts(cur, conv, cid, row, query, limit, kind)
-            # One query per weight class; a document's score is the weighted sum over them.
-            classes: dict[float, list[tuple[str, ...]]] = {}
-            for i, group in enumerate(query.groups):
-                classes.setdefault(query.weight(i), []).append(group)
-            scores: dict[int, float] = {}
-            found: dict[int, Hit] = {}
-            for weight, groups in classes.items():
-                for key, hit in self._search_class(cur, conv, cid, row, groups, limit, kind):
-                    scores[key] = scores.get(key, 0.0) + weight * hit.score
-                    found.setdefault(key, hit)
-            ordered = sorted(found, key=lambda k: (-scores[k], -_recency(found[k])))
-            return [_rescored(found[k], scores[k]) for k in ordered[:limit]]
+            return self._search_pg(cur, conv, cid, row, query, limit, kind)
 
         return self._tx("searching", run, write=False)
 
@@ -593,7 +573,7 @@ class SQLStore:
         summary = kind != "message"
         body = json.loads(row[9])
         last = max(int(body["last"]), 1)
-        cap = max(SQLITE_CANDIDATES_PER_WORD, limit)
+        cap = max(CANDIDATES_PER_WORD, limit)
         weights: dict[tuple[str, ...], float] = {}
         for i, g in enumerate(query.groups):
             weights[g] = weights.get(g, 0.0) + query.weight(i)
@@ -663,52 +643,54 @@ class SQLStore:
             return [Hit(score, summary=self._summary(cid, r)) for score, _, r in best]
         return [Hit(score, message=self._message(cid, r[1:])) for score, _, r in best]
 
-    def _search_class(
-        self,
-        cur: Any,
-        conv: int,
-        cid: str,
-        row: Sequence[Any],
-        groups: list[tuple[str, ...]],
-        limit: int,
-        kind: str,
-    ) -> list[tuple[int, Hit]]:
-        q = self.q
+    def _search_pg(
+        self, cur: Any, conv: int, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
+    ) -> list[Hit]:
+        """BM25 over a bounded candidate set (PostgreSQL), in one statement: each query word's
+        newest matching rows of the conversation with their lengths and the word's count, from
+        the tsvector (then one read of the best ``limit`` rows). Statistics as on SQLite."""
         summary = kind != "message"
-        sql = q.search_summaries if summary else q.search_messages
-        if self._sqlite:
-            text = " OR ".join('"' + " ".join(g) + '"' for g in groups)
-            params: dict[str, Any] = {"q": f'conv : "{conv}" AND content : ({text})', "lim": limit}
+        body = json.loads(row[9])
+        last = max(int(body["last"]), 1)
+        cap = max(CANDIDATES_PER_WORD, limit)
+        weights: dict[tuple[str, ...], float] = {}
+        for i, g in enumerate(query.groups):
+            weights[g] = weights.get(g, 0.0) + query.weight(i)
+        groups = list(weights)
+        cur.execute(self.q.pg_candidates(groups, summary), {"conv": conv, "cap": cap})
+        newest: dict[int, list[int]] = {}
+        meta: dict[int, tuple[int, int]] = {}
+        tf: dict[tuple[int, int], int] = {}
+        for k, i, recency, dl, count in cur.fetchall():
+            newest.setdefault(k, []).append(int(recency))
+            meta[int(i)] = (int(recency), int(dl))
+            tf[(k, int(i))] = int(count)
+        if not meta:
+            return []
+        if summary:
+            n = max(int(body.get("topics", 0)) + int(body.get("archives", 0)), len(meta))
+            avg = sum(dl for _, dl in meta.values()) / len(meta)
         else:
-            # Indexed words carry a "w" prefix (see migration 0002): so do the query's.
-            tsq = " | ".join("(" + " <-> ".join(f"'w{w}'" for w in g) + ")" for g in groups)
-            terms = sorted({f"w{w}" for g in groups for w in g})
-            if summary:
-                cur.execute(q.summary_stats, {"conv": conv})
-                n, avg = cur.fetchone()
-            else:
-                body = json.loads(row[9])
-                n, avg = body["last"], body.get("words", 0) / max(body["last"], 1)
-            params = {
-                "conv": conv,
-                "tsq": tsq,
-                "terms": terms,
-                "n": max(int(n), 1),
-                "avg": max(float(avg), 1.0),
-                "dfcap": PG_DF_CAP,
-                "cap": PG_CANDIDATES_PER_WORD,
-            }
-            params["lim"] = limit
-        cur.execute(sql, params)
-        out = []
-        for r in cur.fetchall():
-            if summary:
-                x = self._summary(cid, r[:-1])
-                out.append((x.id, Hit(float(r[-1]), summary=x)))
-            else:
-                m = self._message(cid, r[:-1])
-                out.append((m.sequence, Hit(float(r[-1]), message=m)))
-        return out
+            n, avg = last, body.get("words", 0) / last
+        avg = max(avg, 1.0)
+        coef: dict[int, float] = {}
+        for k, recencies in newest.items():
+            df = float(len(recencies))
+            if len(recencies) >= cap:  # capped: estimated as on SQLite
+                df = cap * last / max(last - min(recencies) + 1, 1)
+            coef[k] = weights[groups[k]] * idf(n, min(round(df), n))
+        scores: dict[int, float] = {}
+        for (k, i), count in tf.items():
+            dl = max(meta[i][1], 1)
+            norm = K1 * (1.0 - B + B * dl / avg)
+            scores[i] = scores.get(i, 0.0) + coef[k] * count * (K1 + 1.0) / (count + norm)
+        best = sorted(scores, key=lambda i: (-scores[i], -meta[i][0]))[:limit]
+        q = self.q
+        cur.execute(q.pg_rows_summaries if summary else q.pg_rows_messages, {"conv": conv, "ids": best})
+        rows = {int(r[0]): r for r in cur.fetchall()}
+        if summary:
+            return [Hit(scores[i], summary=self._summary(cid, rows[i])) for i in best if i in rows]
+        return [Hit(scores[i], message=self._message(cid, rows[i][1:])) for i in best if i in rows]
 
     def conversation_ids(self) -> list[str]:
         def run(cur: Any) -> list[str]:
@@ -973,16 +955,6 @@ class SQLStore:
 
 def _seq(m: StoredMessage) -> int:
     return m.sequence
-
-
-def _recency(hit: Hit) -> int:
-    if hit.message is not None:
-        return hit.message.sequence
-    return hit.summary.last_sequence if hit.summary is not None else 0
-
-
-def _rescored(hit: Hit, score: float) -> Hit:
-    return Hit(score, hit.message, hit.summary)
 
 
 def _counter(groups: list[tuple[str, ...]]) -> Callable[[str], Callable[[tuple[str, ...]], int]]:
