@@ -224,3 +224,46 @@ def test_an_incremental_read_builds_the_context_a_fresh_reader_builds(sql_url: s
             kept = h.get_context(CID, 1500, record=False)
             with SyncHistoryCompressor(sql_url, recall={"enabled": True}) as fresh:
                 assert fresh.get_context(CID, 1500, record=False) == kept, step
+
+
+def _rows_examined(plan: Any) -> int:
+    """Rows a JSON plan's scans produced or filtered away, over all its nodes."""
+    total = 0
+    if "Scan" in plan.get("Node Type", ""):
+        total += int(plan.get("Actual Rows", 0)) + int(plan.get("Rows Removed by Filter", 0))
+    for child in plan.get("Plans", []):
+        total += _rows_examined(child)
+    return total
+
+
+def test_postgresql_search_cost_does_not_grow_with_matching_rows(pg_url: str) -> None:
+    """Ten times as many messages holding the query's words: the candidate statement examines
+    about as many rows (each word's newest matches, whatever their number)."""
+    with SyncHistoryCompressor(pg_url) as h:
+        store = h.reply.store
+        assert isinstance(store, SQLStore)
+        examined = []
+        for k, n in enumerate((400, 4000)):
+            cid = f"{CID}-{k}"
+            texts = [f"weather report {i} says rain again" for i in range(n)]
+            h.add_messages(cid, [msg("user", t, i) for i, t in enumerate(texts)])
+            raw = store.engine.raw_connection()
+            try:
+                cur = raw.cursor()
+                cur.execute("ANALYZE messages")
+                cur.execute("SELECT key FROM conversations WHERE id = %(id)s", {"id": cid})
+                found = cur.fetchone()
+                assert found is not None
+                conv = found[0]
+                sql = store.q.pg_candidates([("weather",), ("rain",), ("report",)], False)
+                cur.execute(
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + sql, {"conv": conv, "cap": CANDIDATES_PER_WORD}
+                )
+                plan = cur.fetchone()
+                assert plan is not None
+                examined.append(_rows_examined(plan[0][0]["Plan"]))
+                raw.rollback()
+            finally:
+                raw.close()
+            assert len(store.search(cid, parse_query("weather rain report"), 16)) == 16
+        assert examined[1] < examined[0] * 1.5, examined
