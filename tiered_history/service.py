@@ -826,9 +826,11 @@ class ReplyPath:
             )
         asked = (budget, query, record)
         cached = self.contexts.get(conversation_id, asked)
-        if cached is not None:
+        known = self.states.get(conversation_id)
+        if cached is not None and (known is None or known == cached[0]):
             # One primary-key read says whether anything changed since (every write, this
-            # process's or another's, and every maintenance step moves the version).
+            # process's or another's, and every maintenance step moves the version). When this
+            # process wrote since, it is known changed: the snapshot read below checks the rest.
             state = self.read_state(conversation_id)
             if state is None:
                 raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
