@@ -13,6 +13,12 @@ counts from ``HistoryCompressor.prepare``, topic boundaries from the compressor'
 own boundary policy, pending topic rows like ``SQLStore._seal_range``); the last
 ``--tail`` messages go through ``add_message``. ``maintain()`` then summarises,
 merges and drops with the real code.
+
+The read-path table (``measure_reads``, skip with ``--no-reads``) times the sync
+``get_context`` with recall on and off in two patterns: the same call repeated (the
+context cache answers after one primary-key read) and the reply pattern (``add_message``,
+then ``get_context``: built again, recall searching the new message). Each call is followed
+by the floor: one bare indexed query reading the same rows with sqlite3 or psycopg.
 """
 
 from __future__ import annotations
