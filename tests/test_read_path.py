@@ -19,6 +19,7 @@ from typing import Any
 
 from tiered_history import SyncHistoryCompressor
 from tiered_history.core.ranking import parse_query
+from tiered_history.errors import TransientStoreError
 from tiered_history.store.sql import CANDIDATES_PER_WORD, SQLStore
 
 CID = "cache"
@@ -267,3 +268,24 @@ def test_postgresql_search_cost_does_not_grow_with_matching_rows(pg_url: str) ->
                 raw.close()
             assert len(store.search(cid, parse_query("weather rain report"), 16)) == 16
         assert examined[1] < examined[0] * 1.5, examined
+
+
+def test_a_record_a_busy_database_refused_is_tried_again_on_the_next_call(tmp_path: Path) -> None:
+    with SyncHistoryCompressor(f"sqlite:///{tmp_path / 'busy.db'}") as h:
+        for i in range(6):
+            h.add_message(CID, msg("user", f"message {i}", i))
+        store = h.reply.store
+        real = store.commit
+        tried: list[int] = []
+
+        def busy(*a: Any, **k: Any) -> Any:
+            tried.append(1)
+            raise TransientStoreError("database is locked")
+
+        store.commit = busy  # type: ignore[method-assign]
+        first = h.get_context(CID, 2000)  # the reply still gets its context
+        store.commit = real  # type: ignore[method-assign]
+        assert tried == [1]
+        assert h.get_context(CID, 2000) == first
+        recorded = h.reply.read_state(CID)
+        assert recorded is not None and recorded.budget is not None  # by the second call

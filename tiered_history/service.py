@@ -843,31 +843,32 @@ class ReplyPath:
             encoding=self.counter.encoding_name,
             exact_tokens=self.counter.exact,
         )
-        if record:
-            self._remember(snap.state, budget, ctx)
         # Kept for the state it was built from: a recorded window or budget moves the version,
-        # so the next call builds it again from the recorded state (and keeps that one).
-        self.contexts.put(conversation_id, asked, snap.state, ctx)
+        # so the next call builds it again from the recorded state (and keeps that one). Not
+        # kept when the record must be tried again (a busy database): the next call does.
+        if not record or self._remember(snap.state, budget, ctx):
+            self.contexts.put(conversation_id, asked, snap.state, ctx)
         return _copied(ctx, max_tokens)
 
-    def _remember(self, state: ConversationState, max_tokens: int, ctx: CompressedContext) -> None:
+    def _remember(self, state: ConversationState, max_tokens: int, ctx: CompressedContext) -> bool:
         """Keep the budget this conversation is read with (topic sizes and merges follow it) and
         where its window starts (it moves only at events). Skipped when another writer got there
-        first: the next read decides the same."""
+        first: the next read decides the same. False when it could not be recorded now."""
         start = ctx.current_topic[0].sequence if ctx.current_topic and not ctx.truncated_newest else None
         shown = tuple(x.id for x in ctx.bulk_archives + ctx.historical_topics)
         mark = WindowMark(start, max_tokens, state.epoch, shown) if start is not None else state.window
         if state.budget == max_tokens and mark == state.window:
-            return
+            return True
         after = state.bumped(budget=max_tokens, window=mark)
         try:
             done = self.store.commit(state.id, Guard(state.version), Writes(after)).ok
         except TransientStoreError as e:
             # A busy database must not cost the reply its context: the next read records it.
             log.info("not recording the window of %r now: %s", state.id, e)
-            return
+            return False
         if done:
             self.states.put(after)
+        return True
 
     def assemble(
         self, conversation_id: str, max_tokens: int, snap: Snapshot, query: str | None = None
