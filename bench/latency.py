@@ -13,6 +13,12 @@ counts from ``HistoryCompressor.prepare``, topic boundaries from the compressor'
 own boundary policy, pending topic rows like ``SQLStore._seal_range``); the last
 ``--tail`` messages go through ``add_message``. ``maintain()`` then summarises,
 merges and drops with the real code.
+
+The read-path table (``measure_reads``, skip with ``--no-reads``) times the sync
+``get_context`` with recall on and off in two patterns: the same call repeated (the
+context cache answers after one primary-key read) and the reply pattern (``add_message``,
+then ``get_context``: built again, recall searching the new message). Each call is followed
+by the floor: one bare indexed query reading the same rows with sqlite3 or psycopg.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +227,7 @@ class SizeResult:
     context: dict[str, float] = field(default_factory=dict)
     sync_context: dict[str, float] = field(default_factory=dict)
     shape: str = ""
+    reads: list[ReadRow] = field(default_factory=list)
 
 
 def copy_rows(src_url: str, dst_url: str) -> None:
@@ -241,6 +249,106 @@ def copy_rows(src_url: str, dst_url: str) -> None:
     finally:
         src.dispose()
         dst.dispose()
+
+
+# -- the get_context read path: cache hits, reads after a write, the floor ------------------------
+
+
+@dataclass
+class ReadRow:
+    """One get_context pattern on one database, beside the floor measured in the same run."""
+
+    recall: bool
+    pattern: str
+    took: dict[str, float]
+    floor: dict[str, float]
+
+
+class FloorRead:
+    """One bare indexed query reading the rows a context holds (its current-topic and pinned
+    messages, the summaries shown) in a read transaction, on the driver directly: what any
+    implementation pays to read them."""
+
+    def __init__(self, url: str, cid: str, ctx: Any) -> None:
+        seqs = [m.sequence for m in ctx.current_topic] + [m.sequence for m in ctx.pinned]
+        lo, hi = (min(seqs), max(seqs)) if seqs else (0, -1)
+        ids = [x.id for x in ctx.historical_topics + ctx.bulk_archives] or [-1]
+        cols = "content, tokens"
+        self.sqlite = url.startswith("sqlite")
+        if self.sqlite:
+            import sqlite3
+
+            self.conn: Any = sqlite3.connect(url.split("///", 1)[1], isolation_level=None)
+            key = self.conn.execute("SELECT key FROM conversations WHERE id = ?", (cid,)).fetchone()[0]
+            self.sql = (
+                f"SELECT {cols} FROM messages WHERE conv = ? AND seq BETWEEN ? AND ? UNION ALL "
+                f"SELECT {cols} FROM summaries WHERE conv = ? AND id IN ({','.join('?' * len(ids))})"
+            )
+            self.args: tuple[Any, ...] = (key, lo, hi, key, *ids)
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(url, autocommit=True)
+            key = self.conn.execute("SELECT key FROM conversations WHERE id = %s", (cid,)).fetchone()[0]
+            self.sql = (
+                f"SELECT {cols} FROM messages WHERE conv = %s AND seq BETWEEN %s AND %s UNION ALL "
+                f"SELECT {cols} FROM summaries WHERE conv = %s AND id = ANY(%s)"
+            )
+            self.args = (key, lo, hi, key, ids)
+
+    def __call__(self) -> Any:
+        if self.sqlite:
+            self.conn.execute("BEGIN")
+            rows = self.conn.execute(self.sql, self.args).fetchall()
+            self.conn.execute("COMMIT")
+            return rows
+        # One round trip: an autocommit statement is its own transaction.
+        return self.conn.execute(self.sql, self.args, prepare=True).fetchall()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1000
+
+
+def measure_reads(url: str, cid: str, calls: int, warmup: int) -> list[ReadRow]:
+    """get_context(8k) p50/p99 with recall on and off: the same call repeated (a cache hit: the
+    conversation did not change), and the reply pattern (add_message, then get_context: the
+    context is built again). Each call is followed by the floor read of the same rows."""
+    out: list[ReadRow] = []
+    replies = iter(generate(2 * (calls + warmup) * 2 + 2, seed=99))
+    for recall in (True, False):
+        h = SyncHistoryCompressor(url, recall={"enabled": recall})
+        read = partial(h.get_context, cid, MAX_TOKENS)
+        floor = FloorRead(url, cid, read())
+        try:
+            took: list[float] = []
+            base: list[float] = []
+            for i in range(warmup + calls):
+                a, b = _timed(read), _timed(floor)
+                if i >= warmup:
+                    took.append(a)
+                    base.append(b)
+            out.append(ReadRow(recall, "repeated read (cache hit)", summarize_ms(took), summarize_ms(base)))
+            took, base = [], []
+            for i in range(warmup // 2 + calls):
+                now = datetime.now(UTC)
+                h.add_message(cid, {"role": "user", "content": next(replies).content, "timestamp": now})
+                a, b = _timed(read), _timed(floor)
+                if i >= warmup // 2:
+                    took.append(a)
+                    base.append(b)
+                h.add_message(cid, {"role": "assistant", "content": next(replies).content, "timestamp": now})
+            pattern = "read after a write (add_message, then get_context)"
+            out.append(ReadRow(recall, pattern, summarize_ms(took), summarize_ms(base)))
+        finally:
+            floor.close()
+            h.close()
+    return out
 
 
 async def run_size(
@@ -299,6 +407,7 @@ async def run_size(
             sync_samples = time_sync(lambda: sync.get_context(cid, MAX_TOKENS), calls, warmup)
         finally:
             sync.close()
+        reads = measure_reads(db.url, cid, args.calls, args.warmup) if args.reads else []
         result = SizeResult(
             backend=backend,
             size=size,
@@ -310,6 +419,7 @@ async def run_size(
             context=summarize_ms(samples),
             sync_context=summarize_ms(sync_samples),
             shape=shape + (" (rows copied from the SQLite run)" if source is not None else ""),
+            reads=reads,
         )
     except BaseException:
         db.cleanup()
@@ -429,6 +539,35 @@ def render(
             rows,
         )
     )
+    reads = [(r, x) for r in sizes for x in r.reads]
+    if reads:
+        lines += [
+            "",
+            "### get_context read path: cache hits and reads after a write (ms, sync API)",
+            "",
+            "A repeated read finds the conversation unchanged (one primary-key read, the kept context); "
+            "a read after a write follows `add_message` (the reply pattern), so the context is built "
+            "again (recall searches the newest user message). The floor is one bare indexed query "
+            "reading the same rows (messages, pinned, summaries shown) with sqlite3/psycopg, timed "
+            "right after each call.",
+            "",
+            table(
+                ["backend", "messages", "recall", "pattern", "p50", "p99", "floor p50", "floor p99"],
+                [
+                    [
+                        r.backend,
+                        f"{r.size:,}",
+                        "on" if x.recall else "off",
+                        x.pattern,
+                        f"{x.took['p50']:.3f}",
+                        f"{x.took['p99']:.3f}",
+                        f"{x.floor['p50']:.3f}",
+                        f"{x.floor['p99']:.3f}",
+                    ]
+                    for r, x in reads
+                ],
+            ),
+        ]
     lines += ["", "Context returned (per size):", ""]
     lines += [f"- {r.backend} {r.size:,}: {r.shape}" for r in sizes]
     lines += ["", "### Filling and maintenance", ""]
@@ -515,6 +654,12 @@ def main(argv: list[str] | None = None) -> None:
         "instead of running maintain() again",
     )
     p.add_argument("--no-import", action="store_true", help="skip the import-time measurement")
+    p.add_argument(
+        "--no-reads",
+        dest="reads",
+        action="store_false",
+        help="skip the read-path table (cache hits and reads after a write, recall on and off)",
+    )
     p.add_argument("--out", type=Path, help="update the latency section of this markdown file")
     args = p.parse_args(argv)
     md = asyncio.run(main_async(args))

@@ -120,6 +120,7 @@ def test_rows_spread_over_partitions_and_each_statement_reads_one(pg_partitioned
         "avg": 5.0,
         "dfcap": 1000,
         "cap": 400,
+        "ids": [1, 2],
     }
     statements = {
         "pinned": q.pinned,
@@ -129,8 +130,10 @@ def test_rows_spread_over_partitions_and_each_statement_reads_one(pg_partitioned
         "summaries_dropped": q.summaries_dropped,
         "summaries_all": q.summaries_all,
         "search_literal": q.search_literal,
-        "search_messages": q.search_messages,
-        "search_summaries": q.search_summaries,
+        "search_messages": q.pg_candidates([("message",), ("two", "words")], False),
+        "search_summaries": q.pg_candidates([("message",)], True),
+        "search_rows_messages": q.pg_rows_messages,
+        "search_rows_summaries": q.pg_rows_summaries,
         "stats_messages": q.stats_messages,
         "stats_summaries": q.stats_summaries,
         "delete_messages": q.delete_messages,

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -57,7 +57,7 @@ from .models import (
     validate_text_argument,
 )
 from .settings import Settings
-from .store.base import ContextRequest, Snapshot, Store, SummaryWindow, Window
+from .store.base import ContextRequest, Snapshot, Store, SummaryWindow, Window, newest_window
 from .store.memory import to_stored
 from .summarizers import ExtractiveSummarizer, Summarizer, build_summarizer
 from .summarizers.pipeline import transcript_line
@@ -79,6 +79,8 @@ STORE_THREADS = 8
 EXPORT_ATTEMPTS = 10
 #: Conversation states remembered per compressor (the most recently used).
 STATE_CACHE = 4096
+#: Contexts remembered per compressor (one per conversation, the most recently read).
+CONTEXT_CACHE = 256
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,73 @@ class StateCache:
     def forget(self, conversation_id: str) -> None:
         with self._lock:
             self._states.pop(conversation_id, None)
+
+
+class ContextCache:
+    """The newest context built here for each recent conversation, with the state it was built from.
+
+    A context is a function of the conversation's stored rows, the budget, the query and this
+    compressor's settings; the rows change only with the state's version (every write and every
+    maintenance step moves it, in whichever process), so an equal state read back means an equal
+    context. One entry per conversation: the latest (budget, query, record) asked for; and the
+    recent window of messages it was built from, which the next read extends (see ``snapshot``).
+    """
+
+    def __init__(self, size: int = CONTEXT_CACHE) -> None:
+        self._entries: OrderedDict[str, tuple[object, ConversationState, CompressedContext]] = OrderedDict()
+        self._windows: OrderedDict[str, tuple[int, list[StoredMessage]]] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, conversation_id: str, asked: object) -> tuple[ConversationState, CompressedContext] | None:
+        with self._lock:
+            entry = self._entries.get(conversation_id)
+            if entry is None or entry[0] != asked:
+                return None
+            self._entries.move_to_end(conversation_id)
+            return entry[1], entry[2]
+
+    def put(
+        self, conversation_id: str, asked: object, state: ConversationState, ctx: CompressedContext
+    ) -> None:
+        if self._size <= 0:
+            return
+        with self._lock:
+            self._entries[conversation_id] = (asked, state, ctx)
+            self._entries.move_to_end(conversation_id)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def forget(self, conversation_id: str) -> None:
+        with self._lock:
+            self._entries.pop(conversation_id, None)
+            self._windows.pop(conversation_id, None)
+
+    def window(self, conversation_id: str, token_cap: int) -> list[StoredMessage] | None:
+        """The recent window last read for this conversation with ``token_cap``, oldest first."""
+        with self._lock:
+            found = self._windows.get(conversation_id)
+            return found[1] if found is not None and found[0] == token_cap else None
+
+    def keep_window(self, conversation_id: str, token_cap: int, window: list[StoredMessage]) -> None:
+        if self._size <= 0:
+            return
+        with self._lock:
+            self._windows[conversation_id] = (token_cap, window)
+            self._windows.move_to_end(conversation_id)
+            while len(self._windows) > self._size:
+                self._windows.popitem(last=False)
+
+
+def _copied(ctx: CompressedContext, max_tokens: int) -> CompressedContext:
+    """``ctx`` for ``max_tokens`` with lists and dicts of its own: a caller may change what it got,
+    never what is cached."""
+    own: dict[str, Any] = {}
+    for f in fields(ctx):
+        value = getattr(ctx, f.name)
+        if isinstance(value, list | dict):
+            own[f.name] = value.copy()
+    return replace(ctx, max_tokens=max_tokens, **own)
 
 
 def open_store(target: str | sa.Engine | Store) -> Store:
@@ -203,6 +272,7 @@ class ReplyPath:
         )
         self._measured: dict[str, int] = {}
         self.states = StateCache()
+        self.contexts = ContextCache()
         self._rules: dict[tuple[str | None, int | None], BoundaryRules] = {}
 
     def read_state(self, conversation_id: str) -> ConversationState | None:
@@ -489,6 +559,7 @@ class ReplyPath:
         validate_conversation_id(conversation_id)
         gone = self.store.delete(conversation_id)
         self.states.forget(conversation_id)
+        self.contexts.forget(conversation_id)
         return gone
 
     def fork(self, conversation_id: str, new_id: str, at_sequence: int | None = None) -> ConversationInfo:
@@ -700,15 +771,34 @@ class ReplyPath:
         )
 
     def snapshot(self, conversation_id: str, max_tokens: int) -> Snapshot:
-        """The rows a context is built from, in one consistent read (planned from the state)."""
+        """The rows a context is built from, in one consistent read (planned from the state).
+
+        Incremental when this conversation was read here before with the same budget: stored
+        messages never change, so the recent window is the one kept plus the rows since, read
+        from its newest message on (that row must be read back unchanged, else all is read)."""
         state = self.known_state(conversation_id)
         deadline = time.monotonic() + REPLAN_SECONDS
         while time.monotonic() < deadline:
             if state is None:
                 raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
-            snap = self.store.read_context(conversation_id, self._request(state, max_tokens), state.version)
+            request = self._request(state, max_tokens)
+            window = request.windows[0]
+            kept = self.contexts.window(conversation_id, window.token_cap)
+            if kept and kept[-1].sequence <= window.hi:
+                since = Window(kept[-1].sequence - 1, window.hi, window.token_cap)
+                request = replace(request, windows=(since,))
+            else:
+                kept = None
+            snap = self.store.read_context(conversation_id, request, state.version)
+            if snap is not None and kept:
+                rows = snap.windows[0]
+                if not rows or rows[0] != kept[-1]:
+                    self.contexts.forget(conversation_id)  # not the rows kept: read them all
+                    continue
+                snap = replace(snap, windows=[newest_window([*kept[:-1], *rows], window.token_cap)])
             if snap is not None:
                 self.states.put(snap.state)
+                self.contexts.keep_window(conversation_id, window.token_cap, snap.windows[0])
                 return snap
             state = self.read_state(conversation_id)
         raise StoreError(f"could not read conversation {conversation_id!r}: it kept changing")
@@ -735,32 +825,51 @@ class ReplyPath:
                 f"safety margin for the estimated tokenizer of {self.settings.model!r} is set aside; "
                 f"the minimum is {MIN_MAX_TOKENS}"
             )
+        asked = (budget, query, record)
+        cached = self.contexts.get(conversation_id, asked)
+        known = self.states.get(conversation_id)
+        if cached is not None and (known is None or known == cached[0]):
+            # One primary-key read says whether anything changed since (every write, this
+            # process's or another's, and every maintenance step moves the version). When this
+            # process wrote since, it is known changed: the snapshot read below checks the rest.
+            state = self.read_state(conversation_id)
+            if state is None:
+                raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            if state == cached[0]:
+                return _copied(cached[1], max_tokens)
         snap = self.snapshot(conversation_id, budget)
-        ctx = self.assemble(conversation_id, budget, snap, query)
-        if record:
-            self._remember(snap.state, budget, ctx)
-        return replace(
-            ctx, max_tokens=max_tokens, encoding=self.counter.encoding_name, exact_tokens=self.counter.exact
+        ctx = replace(
+            self.assemble(conversation_id, budget, snap, query),
+            max_tokens=max_tokens,
+            encoding=self.counter.encoding_name,
+            exact_tokens=self.counter.exact,
         )
+        # Kept for the state it was built from: a recorded window or budget moves the version,
+        # so the next call builds it again from the recorded state (and keeps that one). Not
+        # kept when the record must be tried again (a busy database): the next call does.
+        if not record or self._remember(snap.state, budget, ctx):
+            self.contexts.put(conversation_id, asked, snap.state, ctx)
+        return _copied(ctx, max_tokens)
 
-    def _remember(self, state: ConversationState, max_tokens: int, ctx: CompressedContext) -> None:
+    def _remember(self, state: ConversationState, max_tokens: int, ctx: CompressedContext) -> bool:
         """Keep the budget this conversation is read with (topic sizes and merges follow it) and
         where its window starts (it moves only at events). Skipped when another writer got there
-        first: the next read decides the same."""
+        first: the next read decides the same. False when it could not be recorded now."""
         start = ctx.current_topic[0].sequence if ctx.current_topic and not ctx.truncated_newest else None
         shown = tuple(x.id for x in ctx.bulk_archives + ctx.historical_topics)
         mark = WindowMark(start, max_tokens, state.epoch, shown) if start is not None else state.window
         if state.budget == max_tokens and mark == state.window:
-            return
+            return True
         after = state.bumped(budget=max_tokens, window=mark)
         try:
             done = self.store.commit(state.id, Guard(state.version), Writes(after)).ok
         except TransientStoreError as e:
             # A busy database must not cost the reply its context: the next read records it.
             log.info("not recording the window of %r now: %s", state.id, e)
-            return
+            return False
         if done:
             self.states.put(after)
+        return True
 
     def assemble(
         self, conversation_id: str, max_tokens: int, snap: Snapshot, query: str | None = None

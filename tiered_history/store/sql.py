@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from ..core.ranking import Query
+from ..core.ranking import K1, B, Query, idf, phrase_count, words
 from ..core.state import (
     Committed,
     ConversationState,
@@ -61,10 +62,9 @@ _STATE_COLS = (
     "key, id, version, platform, encoding, created_at, updated_at, lease_owner, lease_expires_at, state"
 )
 
-#: PostgreSQL search bounds (see the statement): a word in more rows of a conversation than this
-#: is not scored; at most this many of each word's newest rows are ranked.
-PG_DF_CAP = 1000
-PG_CANDIDATES_PER_WORD = 400
+#: Search bound: each query word's newest matching rows of a conversation that are ranked (at
+#: least as many as the results asked for), on SQLite and PostgreSQL.
+CANDIDATES_PER_WORD = 64
 
 
 class Statements:
@@ -122,64 +122,46 @@ class Statements:
             f"{base} AND dropped_at IS NOT NULL AND ordinal <= :hi ORDER BY ordinal DESC LIMIT :lim"
         )
         self.summaries_all = s(f"{base} ORDER BY ordinal")
+        # SQLite would rather scan the conversation's summaries by its index than look the few
+        # ids up: ``+conv`` keeps that index out (PostgreSQL needs ``conv =`` to prune partitions).
         self.summaries_by_id = s(
-            f"SELECT {_SUMMARY_COLS} FROM summaries WHERE conv = :conv AND id {self.in_list}"
+            f"SELECT {_SUMMARY_COLS} FROM summaries WHERE {'conv' if pg else '+conv'} = :conv "
+            f"AND id {self.in_list}"
         )
         self.search_literal = s(
             f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND lower(content) LIKE :pattern "
             "ESCAPE '\\' ORDER BY seq DESC LIMIT :lim"
         )
-        m_cols = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLS.split(","))
-        s_cols = ", ".join(f"x.{c.strip()}" for c in _SUMMARY_COLS.split(","))
         if pg:
-            # BM25 over the tsvectors of a bounded candidate set, so that a common word cannot make a
-            # reply read every row of a long conversation: per query word, its document frequency
-            # counted up to :dfcap (a word in more rows than that is too common to rank by and is
-            # not scored) and its :cap newest matching rows; n and the average length come from the
-            # conversation's state. Below the caps this is exact BM25, as the other stores rank.
-            def bm25(table: str, cols: str, order: str, extra: str) -> str:
-                match = "x.tsv @@ to_tsquery('simple', quote_literal(t.lexeme))"
-                return (
-                    "WITH t AS (SELECT DISTINCT unnest(CAST(:terms AS text[])) AS lexeme), "
-                    "df AS (SELECT t.lexeme, (SELECT count(*) FROM (SELECT 1 FROM "
-                    f"{table} x WHERE x.conv = :conv{extra} AND {match} LIMIT :dfcap) s) AS n FROM t), "
-                    "used AS (SELECT lexeme, n FROM df WHERE n < :dfcap), "
-                    "cand AS (SELECT DISTINCT c.id, c.tsv FROM used t CROSS JOIN LATERAL ("
-                    f"SELECT x.id, x.tsv FROM {table} x WHERE x.conv = :conv{extra} AND {match} "
-                    f"ORDER BY {order} DESC LIMIT :cap) c "
-                    "WHERE c.tsv @@ to_tsquery('simple', :tsq)), "
-                    "dl AS (SELECT c.id, c.tsv, (SELECT coalesce(sum(coalesce(array_length(v.positions, 1), "
-                    "1)), 0) FROM unnest(c.tsv) v) AS dl FROM cand c), "
-                    "tf AS (SELECT d.id, d.dl, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf "
-                    "FROM dl d, unnest(d.tsv) u WHERE u.lexeme IN (SELECT lexeme FROM used)), "
-                    "sc AS (SELECT tf.id, sum(greatest(ln((:n - used.n + 0.5) / (used.n + 0.5)), 1e-6) "
-                    "* tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / :avg))) AS score "
-                    "FROM tf JOIN used USING (lexeme) GROUP BY tf.id) "
-                    f"SELECT {cols}, sc.score FROM sc JOIN {table} x ON x.conv = :conv AND x.id = sc.id "
-                    f"ORDER BY sc.score DESC, {order} DESC LIMIT :lim"
-                )
-
-            self.search_messages = s(bm25("messages", m_cols.replace("m.", "x."), "x.seq", ""))
-            self.search_summaries = s(
-                bm25("summaries", s_cols, "x.last_seq", " AND x.status NOT IN ('pending', 'superseded')")
+            self.pg_rows_messages = s(
+                f"SELECT id, {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND id = ANY(:ids)"
             )
-            self.summary_stats = s(
-                "SELECT count(*), coalesce(avg(length(tsv)), 1) FROM summaries "
-                "WHERE conv = :conv AND status NOT IN ('pending', 'superseded')"
+            self.pg_rows_summaries = s(
+                f"SELECT {_SUMMARY_COLS} FROM summaries WHERE conv = :conv AND id = ANY(:ids)"
             )
         else:
-            # FTS5's bm25() (k1 1.2, b 0.75) with the text column only (the conversation column
-            # selects, it does not score); it is negative, lower is better.
-            self.search_messages = s(
-                f"SELECT {m_cols}, -bm25(messages_fts, 1.0, 0.0) AS score FROM messages_fts "
-                "JOIN messages m ON m.id = messages_fts.rowid WHERE messages_fts MATCH :q "
-                "ORDER BY score DESC, m.seq DESC LIMIT :lim"
+            # FTS5 finds each query word's newest rows of one conversation, newest first, and stops
+            # after :lim of them (FTS5 walks its index in rowid order, which is the conversation's
+            # order); the store ranks those candidates by BM25 itself (FTS5's bm25() would first
+            # count every row of the table holding each word: O(all matching rows) per query).
+            newest = "SELECT rowid FROM {0}_fts WHERE {0}_fts MATCH :q ORDER BY rowid DESC LIMIT :lim"
+            self.fts_messages = newest.format("messages")
+            self.fts_summaries = newest.format("summaries")
+            # Each candidate's recency and its length in words (FTS5's own count, in its docsize table).
+            self.fts_meta_messages = (
+                "SELECT m.id, m.seq, d.sz FROM messages m JOIN messages_fts_docsize d ON d.id = m.id "
+                "WHERE m.id IN (SELECT value FROM json_each(:ids))"
             )
-            self.search_summaries = s(
-                f"SELECT {s_cols}, -bm25(summaries_fts, 1.0, 0.0) AS score FROM summaries_fts "
-                "JOIN summaries x ON x.id = summaries_fts.rowid WHERE summaries_fts MATCH :q "
-                "AND x.status NOT IN ('pending', 'superseded') "
-                "ORDER BY score DESC, x.last_seq DESC LIMIT :lim"
+            self.fts_meta_summaries = (
+                "SELECT x.id, x.last_seq, d.sz FROM summaries x JOIN summaries_fts_docsize d ON d.id = x.id "
+                "WHERE x.id IN (SELECT value FROM json_each(:ids)) "
+                "AND x.status NOT IN ('pending', 'superseded')"
+            )
+            self.fts_rows_messages = (
+                f"SELECT id, {_MESSAGE_COLS} FROM messages WHERE id IN (SELECT value FROM json_each(:ids))"
+            )
+            self.fts_rows_summaries = (
+                f"SELECT {_SUMMARY_COLS} FROM summaries WHERE id IN (SELECT value FROM json_each(:ids))"
             )
         self.ids = s("SELECT id FROM conversations ORDER BY id")
         self.listing = s(f"SELECT {_STATE_COLS} FROM conversations WHERE id > :after ORDER BY id LIMIT :lim")
@@ -225,6 +207,32 @@ class Statements:
         )
         self._updates: dict[tuple[Any, ...], str] = {}
         self._lock = threading.Lock()
+
+    def pg_candidates(self, groups: Sequence[tuple[str, ...]], summary: bool) -> str:
+        """PostgreSQL: per query group k, its newest :cap matching rows of the conversation as
+        (k, id, recency, length, count), the count being the group's rarest word's. The words are
+        written into the statement (letters and digits only, nothing to escape), so that the
+        planner sees each one: a rare word is looked up in the GIN index, a common one found by
+        walking the conversation's newest rows backwards until :cap of them match."""
+        table, order = ("summaries", "x.last_seq") if summary else ("messages", "x.seq")
+        live = " AND x.status NOT IN ('pending', 'superseded')" if summary else ""
+        branches, counts = [], []
+        for k, g in enumerate(groups):
+            # Indexed words carry a "w" prefix (see migration 0002): so do the query's.
+            tsq = " <-> ".join(f"''w{w}''" for w in g)
+            lexemes = ", ".join(f"'w{w}'" for w in g)
+            branches.append(
+                f"(SELECT {k} AS k, x.id, {order} AS r, x.tsv FROM {table} x WHERE x.conv = %(conv)s"
+                f"{live} AND x.tsv @@ to_tsquery('simple', '{tsq}') ORDER BY {order} DESC LIMIT %(cap)s)"
+            )
+            counts.append(f"WHEN {k} THEN ARRAY[{lexemes}]")
+        # One pass over each candidate's tsvector gives its length and the group's count.
+        n = "coalesce(array_length(v.positions, 1), 1)"
+        return (
+            f"WITH c AS ({' UNION ALL '.join(branches)}) SELECT c.k, c.id, c.r, s.dl, s.tf FROM c "
+            f"CROSS JOIN LATERAL (SELECT coalesce(sum({n}), 0) AS dl, coalesce(min({n}) FILTER "
+            f"(WHERE v.lexeme = ANY(CASE c.k {' '.join(counts)} END)), 1) AS tf FROM unnest(c.tsv) v) s"
+        )
 
     def sql(self, text: str) -> str:
         """``text`` with ``:name`` parameters in the driver's style (psycopg: ``%(name)s``)."""
@@ -545,67 +553,144 @@ class SQLStore:
                 text = query.literal.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
                 cur.execute(self.q.search_literal, {"conv": conv, "pattern": f"%{text}%", "lim": limit})
                 return [Hit(1.0, message=self._message(cid, r)) for r in cur.fetchall()]
-            # One query per weight class; a document's score is the weighted sum over them.
-            classes: dict[float, list[tuple[str, ...]]] = {}
-            for i, group in enumerate(query.groups):
-                classes.setdefault(query.weight(i), []).append(group)
-            scores: dict[int, float] = {}
-            found: dict[int, Hit] = {}
-            for weight, groups in classes.items():
-                for key, hit in self._search_class(cur, conv, cid, row, groups, limit, kind):
-                    scores[key] = scores.get(key, 0.0) + weight * hit.score
-                    found.setdefault(key, hit)
-            ordered = sorted(found, key=lambda k: (-scores[k], -_recency(found[k])))
-            return [_rescored(found[k], scores[k]) for k in ordered[:limit]]
+            if self._sqlite:
+                return self._search_fts(cur, conv, cid, row, query, limit, kind)
+            return self._search_pg(cur, conv, cid, row, query, limit, kind)
 
         return self._tx("searching", run, write=False)
 
-    def _search_class(
-        self,
-        cur: Any,
-        conv: int,
-        cid: str,
-        row: Sequence[Any],
-        groups: list[tuple[str, ...]],
-        limit: int,
-        kind: str,
-    ) -> list[tuple[int, Hit]]:
+    def _search_fts(
+        self, cur: Any, conv: int, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
+    ) -> list[Hit]:
+        """BM25 over a bounded candidate set (SQLite): each query word's newest matching rows.
+
+        A word's document frequency is exact below the cap; above it, it is estimated from how far
+        back its newest rows reach. N and the average length come from the conversation (messages:
+        its state; summaries: its topic and archive counts and the candidates' lengths). Only the
+        candidates that could still be among the best ``limit`` (by a bound computed from the words
+        each holds and its length) have their text read and counted exactly."""
         q = self.q
         summary = kind != "message"
-        sql = q.search_summaries if summary else q.search_messages
-        if self._sqlite:
-            text = " OR ".join('"' + " ".join(g) + '"' for g in groups)
-            params: dict[str, Any] = {"q": f'conv : "{conv}" AND content : ({text})', "lim": limit}
+        body = json.loads(row[9])
+        last = max(int(body["last"]), 1)
+        cap = max(CANDIDATES_PER_WORD, limit)
+        weights: dict[tuple[str, ...], float] = {}
+        for i, g in enumerate(query.groups):
+            weights[g] = weights.get(g, 0.0) + query.weight(i)
+        newest: dict[tuple[str, ...], list[int]] = {}
+        for g in weights:
+            # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
+            match = f'conv : "{conv}" AND content : "{" ".join(g)}"'
+            cur.execute(q.fts_summaries if summary else q.fts_messages, {"q": match, "lim": cap})
+            newest[g] = [int(r[0]) for r in cur.fetchall()]
+        ids = sorted({i for rows in newest.values() for i in rows})
+        if not ids:
+            return []
+        cur.execute(q.fts_meta_summaries if summary else q.fts_meta_messages, {"ids": json.dumps(ids)})
+        meta = {int(r[0]): (int(r[1]), _first_varint(r[2])) for r in cur.fetchall()}
+        if not meta:
+            return []
+        if summary:
+            n = max(int(body.get("topics", 0)) + int(body.get("archives", 0)), len(meta))
+            avg = sum(dl for _, dl in meta.values()) / len(meta)
         else:
-            # Indexed words carry a "w" prefix (see migration 0002): so do the query's.
-            tsq = " | ".join("(" + " <-> ".join(f"'w{w}'" for w in g) + ")" for g in groups)
-            terms = sorted({f"w{w}" for g in groups for w in g})
-            if summary:
-                cur.execute(q.summary_stats, {"conv": conv})
-                n, avg = cur.fetchone()
-            else:
-                body = json.loads(row[9])
-                n, avg = body["last"], body.get("words", 0) / max(body["last"], 1)
-            params = {
-                "conv": conv,
-                "tsq": tsq,
-                "terms": terms,
-                "n": max(int(n), 1),
-                "avg": max(float(avg), 1.0),
-                "dfcap": PG_DF_CAP,
-                "cap": PG_CANDIDATES_PER_WORD,
-            }
-            params["lim"] = limit
-        cur.execute(sql, params)
-        out = []
-        for r in cur.fetchall():
-            if summary:
-                x = self._summary(cid, r[:-1])
-                out.append((x.id, Hit(float(r[-1]), summary=x)))
-            else:
-                m = self._message(cid, r[:-1])
-                out.append((m.sequence, Hit(float(r[-1]), message=m)))
-        return out
+            n, avg = last, body.get("words", 0) / last
+        avg = max(avg, 1.0)
+        coef: dict[tuple[str, ...], float] = {}
+        holds: dict[int, list[tuple[str, ...]]] = {}
+        for g, rows in newest.items():
+            df = float(len(rows))
+            if len(rows) >= cap and rows[-1] in meta:
+                # Capped: as many per message as among the messages since its oldest candidate.
+                df = cap * last / max(last - meta[rows[-1]][0] + 1, 1)
+            coef[g] = weights[g] * idf(n, min(round(df), n))
+            for i in rows:
+                if i in meta:
+                    holds.setdefault(i, []).append(g)
+
+        def sat(tf: int, dl: int) -> float:
+            return tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * dl / avg))
+
+        # The best ``limit`` by BM25 without reading every candidate's text: visit them by an upper
+        # bound of their score (the words each holds, each as often as its length allows) and stop
+        # once no bound left can reach the ``limit``-th score found.
+        high: dict[int, float] = {}
+        most: dict[int, dict[tuple[str, ...], int]] = {}
+        for i, gs in holds.items():
+            dl = max(meta[i][1], 1)
+            most[i] = {g: max((dl - len(gs) + 1) // len(g), 1) for g in gs}
+            high[i] = sum(coef[g] * sat(most[i][g], dl) for g in gs)
+        order = sorted(holds, key=lambda i: -high[i])
+        counts = _counter(list(weights))
+        best: list[tuple[float, int, Sequence[Any]]] = []
+        kth, pos, step = float("-inf"), 0, limit + 8
+        rows_sql = q.fts_rows_summaries if summary else q.fts_rows_messages
+        while pos < len(order) and high[order[pos]] >= kth:
+            batch = order[pos : pos + step]
+            pos += len(batch)
+            cur.execute(rows_sql, {"ids": json.dumps(batch)})
+            for r in cur.fetchall():
+                i = int(r[0])
+                tf = counts(r[5] if summary else r[8])
+                dl = max(meta[i][1], 1)
+                score = sum(coef[g] * sat(min(max(tf(g), 1), most[i][g]), dl) for g in holds[i])
+                best.append((score, meta[i][0], r))
+            best.sort(key=lambda x: (-x[0], -x[1]))
+            del best[limit:]
+            if len(best) >= limit:
+                kth = best[-1][0]
+        if summary:
+            return [Hit(score, summary=self._summary(cid, r)) for score, _, r in best]
+        return [Hit(score, message=self._message(cid, r[1:])) for score, _, r in best]
+
+    def _search_pg(
+        self, cur: Any, conv: int, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
+    ) -> list[Hit]:
+        """BM25 over a bounded candidate set (PostgreSQL), in one statement: each query word's
+        newest matching rows of the conversation with their lengths and the word's count, from
+        the tsvector (then one read of the best ``limit`` rows). Statistics as on SQLite."""
+        summary = kind != "message"
+        body = json.loads(row[9])
+        last = max(int(body["last"]), 1)
+        cap = max(CANDIDATES_PER_WORD, limit)
+        weights: dict[tuple[str, ...], float] = {}
+        for i, g in enumerate(query.groups):
+            weights[g] = weights.get(g, 0.0) + query.weight(i)
+        groups = list(weights)
+        cur.execute(self.q.pg_candidates(groups, summary), {"conv": conv, "cap": cap})
+        newest: dict[int, list[int]] = {}
+        meta: dict[int, tuple[int, int]] = {}
+        tf: dict[tuple[int, int], int] = {}
+        for k, i, recency, dl, count in cur.fetchall():
+            newest.setdefault(k, []).append(int(recency))
+            meta[int(i)] = (int(recency), int(dl))
+            tf[(k, int(i))] = int(count)
+        if not meta:
+            return []
+        if summary:
+            n = max(int(body.get("topics", 0)) + int(body.get("archives", 0)), len(meta))
+            avg = sum(dl for _, dl in meta.values()) / len(meta)
+        else:
+            n, avg = last, body.get("words", 0) / last
+        avg = max(avg, 1.0)
+        coef: dict[int, float] = {}
+        for k, recencies in newest.items():
+            df = float(len(recencies))
+            if len(recencies) >= cap:  # capped: estimated as on SQLite
+                df = cap * last / max(last - min(recencies) + 1, 1)
+            coef[k] = weights[groups[k]] * idf(n, min(round(df), n))
+        scores: dict[int, float] = {}
+        for (k, i), count in tf.items():
+            dl = max(meta[i][1], 1)
+            norm = K1 * (1.0 - B + B * dl / avg)
+            scores[i] = scores.get(i, 0.0) + coef[k] * count * (K1 + 1.0) / (count + norm)
+        best = sorted(scores, key=lambda i: (-scores[i], -meta[i][0]))[:limit]
+        q = self.q
+        cur.execute(q.pg_rows_summaries if summary else q.pg_rows_messages, {"conv": conv, "ids": best})
+        rows = {int(r[0]): r for r in cur.fetchall()}
+        if summary:
+            return [Hit(scores[i], summary=self._summary(cid, rows[i])) for i in best if i in rows]
+        return [Hit(scores[i], message=self._message(cid, rows[i][1:])) for i in best if i in rows]
 
     def conversation_ids(self) -> list[str]:
         def run(cur: Any) -> list[str]:
@@ -872,14 +957,36 @@ def _seq(m: StoredMessage) -> int:
     return m.sequence
 
 
-def _recency(hit: Hit) -> int:
-    if hit.message is not None:
-        return hit.message.sequence
-    return hit.summary.last_sequence if hit.summary is not None else 0
+def _counter(groups: list[tuple[str, ...]]) -> Callable[[str], Callable[[tuple[str, ...]], int]]:
+    """How often each query group occurs in a text, as :func:`~..core.ranking.phrase_count` over
+    its words counts it; single words are found by one pattern, without splitting the whole text."""
+    if any(len(g) > 1 for g in groups):
+
+        def by_words(text: str) -> Callable[[tuple[str, ...]], int]:
+            doc = words(text)
+            return lambda g: phrase_count(doc, g)
+
+        return by_words
+    # A word is a whole run of letters and digits: no letter or digit on either side.
+    pattern = re.compile(r"(?<![^\W_])(?:" + "|".join(re.escape(g[0]) for g in groups) + r")(?![^\W_])")
+
+    def by_pattern(text: str) -> Callable[[tuple[str, ...]], int]:
+        found = Counter(pattern.findall(text.lower()))
+        return lambda g: found[g[0]]
+
+    return by_pattern
 
 
-def _rescored(hit: Hit, score: float) -> Hit:
-    return Hit(score, hit.message, hit.summary)
+def _first_varint(blob: bytes) -> int:
+    """The first SQLite varint of ``blob`` (FTS5's docsize: the first column's length in tokens)."""
+    value = 0
+    for k, byte in enumerate(blob[:9]):
+        if k == 8:
+            return (value << 8) | byte
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            break
+    return value
 
 
 def _json(value: Any) -> str | None:

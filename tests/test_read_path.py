@@ -1,0 +1,291 @@
+"""The get_context read path (issue 15): the per-conversation context cache and bounded search.
+
+The cache keeps the newest context of a conversation with the state it was built from; a call
+reads that state back by primary key and returns the kept context only when nothing changed, in
+this process or in any other. Search ranks a bounded candidate set: each query word's newest
+matching rows, so a word in thousands of messages costs no more than one in a few hundred.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tiered_history import SyncHistoryCompressor
+from tiered_history.core.ranking import parse_query
+from tiered_history.errors import TransientStoreError
+from tiered_history.store.sql import CANDIDATES_PER_WORD, SQLStore
+
+CID = "cache"
+T0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def msg(role: str, text: str, i: int) -> dict[str, Any]:
+    return {"role": role, "content": text, "timestamp": T0 + timedelta(seconds=i)}
+
+
+@contextmanager
+def counting(obj: Any, names: tuple[str, ...]) -> Iterator[dict[str, int]]:
+    """Count calls to ``obj``'s methods ``names`` while the block runs."""
+    counts = dict.fromkeys(names, 0)
+    originals = {n: getattr(obj, n) for n in names}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*a: Any, **k: Any) -> Any:
+            counts[name] += 1
+            return fn(*a, **k)
+
+        return counted
+
+    for n, fn in originals.items():
+        setattr(obj, n, wrap(n, fn))
+    try:
+        yield counts
+    finally:
+        for n in names:
+            delattr(obj, n)  # the instance attribute goes, the class method is seen again
+
+
+def _add_from_another_process(url: str, text: str, seal: bool) -> None:
+    h = SyncHistoryCompressor(url, recall={"enabled": True})
+    try:
+        if not seal:
+            h.add_message(CID, msg("user", text, len(h.get_messages(CID)) + 1))
+        else:
+            h.seal_current_topic(CID)
+            h.maintain(CID)
+    finally:
+        h.close()
+
+
+def run_child(url: str, text: str, seal: bool = False) -> None:
+    p = SPAWN.Process(target=_add_from_another_process, args=(url, text, seal))
+    p.start()
+    p.join(120)
+    assert p.exitcode == 0
+
+
+def test_a_repeated_read_costs_one_primary_key_read(sql_url: str) -> None:
+    with SyncHistoryCompressor(sql_url) as h:
+        for i in range(12):
+            h.add_message(CID, msg("user" if i % 2 == 0 else "assistant", f"harbour trip note {i}", i))
+        h.get_context(CID, 2000)  # records the budget and window: a write, the version moves
+        first = h.get_context(CID, 2000)
+        store = h.reply.store
+        with counting(store, ("read_state", "read_context", "search", "read_messages")) as calls:
+            again = h.get_context(CID, 2000)
+        assert calls == {"read_state": 1, "read_context": 0, "search": 0, "read_messages": 0}
+        assert again == first
+        # A different question is not answered from the kept context.
+        with counting(store, ("read_context", "search")) as calls:
+            asked = h.get_context(CID, 2000, query="harbour")
+        assert calls["read_context"] == 1 and calls["search"] >= 1
+        assert asked.recall_query in ("", "harbour")
+
+
+def test_what_a_caller_changes_in_a_context_is_not_kept(sql_url: str) -> None:
+    with SyncHistoryCompressor(sql_url) as h:
+        for i in range(6):
+            h.add_message(CID, msg("user", f"message {i}", i))
+        ctx = h.get_context(CID, 2000)
+        shown = [m.sequence for m in ctx.current_topic]
+        ctx.current_topic.clear()
+        ctx.tier_tokens.clear()
+        again = h.get_context(CID, 2000)
+        assert [m.sequence for m in again.current_topic] == shown
+        assert again.tier_tokens
+
+
+def test_a_write_by_another_process_is_seen_on_the_next_call(sql_url: str) -> None:
+    with SyncHistoryCompressor(sql_url, recall={"enabled": True}) as h:
+        for i in range(8):
+            h.add_message(CID, msg("user" if i % 2 == 0 else "assistant", f"talking about tomatoes {i}", i))
+        before = h.get_context(CID, 3000)
+        assert h.get_context(CID, 3000) == before  # kept
+        run_child(sql_url, "a message written by another process")
+        after = h.get_context(CID, 3000)
+        assert after.current_topic[-1].content == "a message written by another process"
+        assert after.current_topic[-1].sequence == before.current_topic[-1].sequence + 1
+        assert h.get_context(CID, 3000) == after
+        # Maintenance elsewhere (a seal and its summary, no new message) is seen too.
+        run_child(sql_url, "", seal=True)
+        sealed = h.get_context(CID, 3000)
+        assert sealed.maintenance_epoch > after.maintenance_epoch
+
+
+def test_a_deleted_and_recreated_conversation_is_read_again(sql_url: str) -> None:
+    with SyncHistoryCompressor(sql_url) as h, SyncHistoryCompressor(sql_url) as other:
+        h.add_message(CID, msg("user", "the first life of this conversation", 1))
+        assert h.get_context(CID, 1000).current_topic[-1].content == "the first life of this conversation"
+        other.delete_conversation(CID)
+        other.add_message(CID, msg("user", "a second life", 2))
+        assert h.get_context(CID, 1000).current_topic[-1].content == "a second life"
+
+
+# -- bounded search --------------------------------------------------------------------------------
+
+
+def test_search_past_the_candidate_cap_returns_the_best_and_newest(sql_url: str) -> None:
+    """A word in more messages than the cap: the rare word still finds its old message, equal
+    scores come newest first, and the best-ranked message wins however old it is."""
+    with SyncHistoryCompressor(sql_url) as h:
+        store = h.reply.store
+        assert isinstance(store, SQLStore)
+        cap = CANDIDATES_PER_WORD
+        texts = ["the zanzibar plan is settled, ferry booked"]  # 1: old, holds the rare word
+        texts += ["ferry again"] * (cap + 40)  # identical: equal scores
+        texts += ["ferry ferry ferry ferry timetable"]  # newest but one: ferry four times
+        texts += ["unrelated words only"]
+        h.add_messages(CID, [msg("user", t, i) for i, t in enumerate(texts)])
+        last = len(texts)
+        found = [m.sequence for m in h.search(CID, "zanzibar", limit=5)]
+        assert found == [1]
+        both = [m.sequence for m in h.search(CID, "zanzibar ferry", limit=3)]
+        assert both[0] == 1  # the only message with both words (and the rare one)
+        # Ranked over its newest rows: the one that says it most first, then the newest.
+        assert [m.sequence for m in h.search(CID, "ferry", limit=4)] == [
+            last - 1,
+            last - 2,
+            last - 3,
+            last - 4,
+        ]
+        hits = store.search(CID, parse_query("ferry"), 4)
+        assert [x.score for x in hits] == sorted((x.score for x in hits), reverse=True)
+
+
+def _vm_steps(store: SQLStore, run: Callable[[], Any]) -> int:
+    """SQLite virtual-machine steps ``run`` costs (counted by a progress handler on every connection)."""
+    steps = [0]
+
+    def tick() -> int:
+        steps[0] += 1
+        return 0
+
+    from sqlalchemy import event
+
+    def on_checkout(dbapi: sqlite3.Connection, *_: Any) -> None:
+        dbapi.set_progress_handler(tick, 100)
+
+    event.listen(store.engine, "checkout", on_checkout)
+    try:
+        run()
+    finally:
+        event.remove(store.engine, "checkout", on_checkout)
+    return steps[0] * 100
+
+
+def test_sqlite_search_cost_does_not_grow_with_matching_rows(tmp_path: Path) -> None:
+    """Ten times as many messages holding the query's words cost about the same search."""
+    costs = []
+    for n in (400, 4000):
+        url = f"sqlite:///{tmp_path / f'{n}.db'}"
+        with SyncHistoryCompressor(url) as h:
+            texts = [f"weather report {i} says rain again" for i in range(n)]
+            h.add_messages(CID, [msg("user", t, i) for i, t in enumerate(texts)])
+            store = h.reply.store
+            assert isinstance(store, SQLStore)
+            q = parse_query("weather rain report")
+            assert len(store.search(CID, q, 16)) == 16
+            costs.append(_vm_steps(store, partial(store.search, CID, q, 16)))
+    assert costs[1] < costs[0] * 1.5, costs
+
+
+def test_an_incremental_read_builds_the_context_a_fresh_reader_builds(sql_url: str) -> None:
+    """The window kept from the last read, extended by the rows since, gives the context a reader
+    with nothing kept gives: through tool units, pins, long bursts and maintenance."""
+    with SyncHistoryCompressor(sql_url, recall={"enabled": True}) as h:
+        i = 0
+
+        def add(role: str, text: str, **extra: Any) -> None:
+            nonlocal i
+            i += 1
+            h.add_message(CID, {**msg(role, text, i), **extra})
+
+        for step in range(60):
+            if step % 7 == 3:
+                call = {"id": f"c{step}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                add("assistant", "", tool_calls=[call])
+                add("tool", f"result of call {step} " * 5, tool_call_id=f"c{step}")
+            elif step % 11 == 5:
+                h.pin(CID, f"pinned rule {step}", key=f"rule{step % 2}")
+            elif step % 13 == 0:
+                add("user", f"a long burst {step} " * 300)  # more than the window's cap by itself
+            else:
+                add("user" if step % 2 else "assistant", f"chatting about kites and ferries {step}")
+            if step % 17 == 16:
+                h.seal_current_topic(CID)
+                h.maintain(CID)
+            kept = h.get_context(CID, 1500, record=False)
+            with SyncHistoryCompressor(sql_url, recall={"enabled": True}) as fresh:
+                assert fresh.get_context(CID, 1500, record=False) == kept, step
+
+
+def _rows_examined(plan: Any) -> int:
+    """Rows a JSON plan's scans produced or filtered away, over all its nodes."""
+    total = 0
+    if "Scan" in plan.get("Node Type", ""):
+        total += int(plan.get("Actual Rows", 0)) + int(plan.get("Rows Removed by Filter", 0))
+    for child in plan.get("Plans", []):
+        total += _rows_examined(child)
+    return total
+
+
+def test_postgresql_search_cost_does_not_grow_with_matching_rows(pg_url: str) -> None:
+    """Ten times as many messages holding the query's words: the candidate statement examines
+    about as many rows (each word's newest matches, whatever their number)."""
+    with SyncHistoryCompressor(pg_url) as h:
+        store = h.reply.store
+        assert isinstance(store, SQLStore)
+        examined = []
+        for k, n in enumerate((400, 4000)):
+            cid = f"{CID}-{k}"
+            texts = [f"weather report {i} says rain again" for i in range(n)]
+            h.add_messages(cid, [msg("user", t, i) for i, t in enumerate(texts)])
+            raw = store.engine.raw_connection()
+            try:
+                cur = raw.cursor()
+                cur.execute("ANALYZE messages")
+                cur.execute("SELECT key FROM conversations WHERE id = %(id)s", {"id": cid})
+                found = cur.fetchone()
+                assert found is not None
+                conv = found[0]
+                sql = store.q.pg_candidates([("weather",), ("rain",), ("report",)], False)
+                cur.execute(
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + sql, {"conv": conv, "cap": CANDIDATES_PER_WORD}
+                )
+                plan = cur.fetchone()
+                assert plan is not None
+                examined.append(_rows_examined(plan[0][0]["Plan"]))
+                raw.rollback()
+            finally:
+                raw.close()
+            assert len(store.search(cid, parse_query("weather rain report"), 16)) == 16
+        assert examined[1] < examined[0] * 1.5, examined
+
+
+def test_a_record_a_busy_database_refused_is_tried_again_on_the_next_call(tmp_path: Path) -> None:
+    with SyncHistoryCompressor(f"sqlite:///{tmp_path / 'busy.db'}") as h:
+        for i in range(6):
+            h.add_message(CID, msg("user", f"message {i}", i))
+        store = h.reply.store
+        real = store.commit
+        tried: list[int] = []
+
+        def busy(*a: Any, **k: Any) -> Any:
+            tried.append(1)
+            raise TransientStoreError("database is locked")
+
+        store.commit = busy  # type: ignore[method-assign]
+        first = h.get_context(CID, 2000)  # the reply still gets its context
+        store.commit = real  # type: ignore[method-assign]
+        assert tried == [1]
+        assert h.get_context(CID, 2000) == first
+        recorded = h.reply.read_state(CID)
+        assert recorded is not None and recorded.budget is not None  # by the second call
