@@ -1,7 +1,10 @@
 """Calling a (synchronous) store from the event loop without blocking it.
 
 A store that may wait (``blocking = True``: disk, network, locks) is called on a thread pool;
-one that never waits (the in-memory store) is called directly, which costs nothing.
+one that never waits (the in-memory store) is called directly, which costs nothing. A store that
+can *try* without waiting (``nowait``: a SQLite file, where a transaction only ever waits for
+another writer's lock) runs short reply-path calls on the loop and hands a call to the pool only
+when it would have waited (:meth:`AsyncStore.call`): the thread hop costs more than the write.
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ import asyncio
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 from ..core.state import Committed, ConversationState, Guard, Writes
 from ..models import ConversationStats, StoredMessage, Summary
-from .base import ContextRequest, Snapshot, Store
+from .base import ContextRequest, Snapshot, Store, WouldWait
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -31,6 +35,9 @@ class AsyncStore:
             if store.blocking
             else None
         )
+        self._nowait: Callable[[], AbstractContextManager[None]] | None = (
+            getattr(store, "nowait", None) if self._executor is not None else None
+        )
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, on the thread pool when the store may block."""
@@ -38,6 +45,22 @@ class AsyncStore:
             return fn(*args, **kwargs)
         call = functools.partial(fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` for a short call of the reply path: on the event loop when the
+        store can run it without waiting for a lock, else (or if it would wait) on the thread pool.
+
+        Only for calls that write nothing before a transaction that may wait fails (the reply
+        path's: they plan, then commit once), so that running one again from the start is safe.
+        """
+        nowait = self._nowait
+        if nowait is not None:
+            try:
+                with nowait():
+                    return fn(*args, **kwargs)
+            except WouldWait:
+                pass  # another writer holds the lock: wait for it on a thread
+        return await self.run(fn, *args, **kwargs)
 
     def shutdown(self) -> None:
         if self._executor is not None:

@@ -321,11 +321,12 @@ class _Held:
     @contextmanager
     def nowait(self) -> Iterator[None]:
         """Transactions on this thread fail with :class:`WouldWait` instead of waiting for a lock."""
+        before = self.nowait_now()
         self._local.nowait = True
         try:
             yield
         finally:
-            self._local.nowait = False
+            self._local.nowait = before
 
     def get(self, nowait: bool) -> tuple[Any, Any]:
         with self._lock:

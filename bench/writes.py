@@ -1,0 +1,315 @@
+"""Write throughput: ``add_message`` and ``add_messages`` on SQLite and PostgreSQL, each beside its floor.
+
+    python -m bench.writes --out /tmp/writes.md          # both backends
+    python -m bench.writes --backend sqlite --messages 2000 --repeats 3
+
+Every figure is printed beside a *floor* measured in the same run, on the same database and
+schema (full-text index and triggers included): what storing the same messages costs with
+nothing but the driver, i.e. counting the message's tokens with tiktoken, one ``INSERT`` into
+``messages`` and the commit (one transaction per message for ``add_message``, per batch for
+``add_messages``). The ratio (ours / floor) is the figure to compare across machines; the
+absolute rates follow the machine's load (printed). Each figure is the median of ``--repeats``
+runs, a floor run and ours alternating.
+
+PostgreSQL with ``synchronous_commit = on`` waits for the WAL to reach the disk at every commit:
+one client's sequential writes are bounded by that flush (printed as "commit wait"), for the
+floor as for us. Concurrent clients share flushes (group commit): the ``×4`` rows run four
+clients at once, each on its own conversation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as ``python bench/writes.py``
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from bench._common import git_revision, log, machine, table, update_section
+from bench.latency import Database, generate, make_database, pg_version
+from tiered_history import HistoryCompressor, SyncHistoryCompressor
+from tiered_history.tokens import TokenCounter
+
+BATCH = 100
+CLIENTS = 4
+
+
+@dataclass
+class Row:
+    path: str
+    ours: float
+    """Messages per second."""
+    floor: float
+    note: str = ""
+
+
+def _messages(n: int, seed: int) -> list[dict[str, Any]]:
+    return [m.as_dict() for m in generate(n, seed=seed)]
+
+
+# -- floors: the driver alone --------------------------------------------------------------------------
+
+
+class Floor:
+    """Bare-driver writes into the benchmark database's own ``messages`` table (conversation ``conv``)."""
+
+    def __init__(self, db: Database, conv: int) -> None:
+        self.sqlite = db.backend == "sqlite"
+        self.counter = TokenCounter("gpt-4o")
+        self.conv = conv
+        self.seq = 10_000_000  # far above anything the library writes in this conversation
+        if self.sqlite:
+            import sqlite3
+
+            self.conn: Any = sqlite3.connect(db.url.removeprefix("sqlite:///"), isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.sql = (
+                "INSERT INTO messages (conv, seq, role, created_at, tokens, full_tokens, pinned, content) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            )
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(db.url, autocommit=True)
+            self.sql = (
+                "INSERT INTO messages (conv, seq, role, created_at, tokens, full_tokens, pinned, content) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+            )
+
+    def _row(self, m: dict[str, Any]) -> tuple[Any, ...]:
+        self.seq += 1
+        n = self.counter.message_tokens({"role": m["role"], "content": m["content"]})
+        at = m["timestamp"].isoformat(sep=" ") if self.sqlite else m["timestamp"]
+        return (self.conv, self.seq, m["role"], at, n, n, False, m["content"])
+
+    def write(self, msgs: list[dict[str, Any]], batch: int) -> float:
+        """Messages per second: ``batch`` rows per transaction."""
+        cur = self.conn.cursor()
+        t = time.perf_counter()
+        for i in range(0, len(msgs), batch):
+            rows = [self._row(m) for m in msgs[i : i + batch]]
+            cur.execute("BEGIN IMMEDIATE" if self.sqlite else "BEGIN")
+            if len(rows) == 1:
+                cur.execute(self.sql, rows[0])
+            else:
+                cur.executemany(self.sql, rows)
+            cur.execute("COMMIT")
+        return len(msgs) / (time.perf_counter() - t)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def conv_key(db: Database, conversation_id: str) -> int:
+    if db.backend == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(db.url.removeprefix("sqlite:///")) as c:
+            row = c.execute("SELECT key FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+            return int(row[0])
+    import psycopg
+
+    with psycopg.connect(db.url) as c:
+        row = c.execute("SELECT key FROM conversations WHERE id = %s", (conversation_id,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def commit_wait_ms(db: Database, n: int = 200) -> float:
+    """PostgreSQL: median time of an empty-ish commit (a one-row insert), i.e. the WAL flush."""
+    import psycopg
+
+    with psycopg.connect(db.url, autocommit=True) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS bench_flush (x int)")
+        times = []
+        for i in range(n):
+            t = time.perf_counter()
+            c.execute("INSERT INTO bench_flush VALUES (%s)", (i,))
+            times.append(time.perf_counter() - t)
+        c.execute("DROP TABLE bench_flush")
+    return statistics.median(times) * 1000
+
+
+# -- ours ------------------------------------------------------------------------------------------------
+
+
+def run_sync(url: str, msgs: list[dict[str, Any]], cid: str, batch: int) -> float:
+    with SyncHistoryCompressor(url, summarize_inline=False) as h:
+        h.add_message(cid, msgs[0])  # creates it: the timed writes all append
+        t = time.perf_counter()
+        if batch == 1:
+            for m in msgs[1:]:
+                h.add_message(cid, m)
+        else:
+            for i in range(1, len(msgs), batch):
+                h.add_messages(cid, msgs[i : i + batch])
+        return (len(msgs) - 1) / (time.perf_counter() - t)
+
+
+def run_async(url: str, msgs: list[dict[str, Any]], cid: str, clients: int = 1) -> float:
+    """``clients`` concurrent tasks on one compressor, each adding to its own conversation."""
+
+    async def go() -> float:
+        async with HistoryCompressor(url, summarize_inline=False) as h:
+            for k in range(clients):
+                await h.add_message(f"{cid}-{k}", msgs[0])
+            share = [msgs[1 + k :: clients] for k in range(clients)]
+
+            async def client(k: int) -> None:
+                for m in share[k]:
+                    await h.add_message(f"{cid}-{k}", m)
+
+            t = time.perf_counter()
+            await asyncio.gather(*(client(k) for k in range(clients)))
+            return (len(msgs) - 1) / (time.perf_counter() - t)
+
+    return asyncio.run(go())
+
+
+def floor_threads(db: Database, conv: int, msgs: list[dict[str, Any]], clients: int) -> float:
+    """``clients`` threads of bare single-row transactions at once: aggregate messages per second."""
+    floors = [Floor(db, conv) for _ in range(clients)]
+    for k, f in enumerate(floors):
+        f.seq += 1_000_000 * (k + 1)
+    share = [msgs[k::clients] for k in range(clients)]
+    threads = [threading.Thread(target=f.write, args=(share[k], 1)) for k, f in enumerate(floors)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    rate = len(msgs) / (time.perf_counter() - t)
+    for f in floors:
+        f.close()
+    return rate
+
+
+def median_pair(
+    repeats: int, floor: Callable[[int], float], ours: Callable[[int], float]
+) -> tuple[float, float]:
+    fs, os_ = [], []
+    for r in range(repeats):
+        fs.append(floor(r))
+        os_.append(ours(r))
+    return statistics.median(os_), statistics.median(fs)
+
+
+def bench_backend(backend: str, tmp: Path, n: int, batches: int, repeats: int) -> tuple[list[Row], str]:
+    db = make_database(backend, tmp)
+    try:
+        pg = backend == "postgresql"
+        n_single = min(n, 300) if pg else n
+        rows: list[Row] = []
+        msgs = _messages(max(n_single, batches * BATCH) + 1, seed=3)
+        # The schema, and the conversation the floors write into.
+        with SyncHistoryCompressor(db.url) as h:
+            h.add_message("floor", msgs[0])
+        floor = Floor(db, conv_key(db, "floor"))
+        one = msgs[: n_single + 1]
+        bulk = msgs[: batches * BATCH + 1]
+        log(f"{backend}: add_message sync")
+        ours, fl = median_pair(
+            repeats, lambda r: floor.write(one[1:], 1), lambda r: run_sync(db.url, one, f"sync-{r}", 1)
+        )
+        rows.append(Row(f"`add_message`, {backend}, sync", ours, fl))
+        log(f"{backend}: add_message async")
+        ours, fl = median_pair(
+            repeats, lambda r: floor.write(one[1:], 1), lambda r: run_async(db.url, one, f"async-{r}")
+        )
+        rows.append(Row(f"`add_message`, {backend}, async", ours, fl))
+        if pg:
+            log(f"{backend}: add_message async, {CLIENTS} clients")
+            four = msgs[: min(len(msgs), n_single * CLIENTS) + 1]
+            ours, fl = median_pair(
+                repeats,
+                lambda r: floor_threads(db, floor.conv, four[1:], CLIENTS),
+                lambda r: run_async(db.url, four, f"four-{r}", CLIENTS),
+            )
+            rows.append(
+                Row(
+                    f"`add_message`, {backend}, async, {CLIENTS} clients (total)",
+                    ours,
+                    fl,
+                    f"per client {ours / CLIENTS:,.0f}/s; floor: {CLIENTS} threads",
+                )
+            )
+        log(f"{backend}: add_messages")
+        ours, fl = median_pair(
+            repeats,
+            lambda r: floor.write(bulk[1:], BATCH),
+            lambda r: run_sync(db.url, bulk, f"bulk-{r}", BATCH),
+        )
+        rows.append(Row(f"`add_messages`, {backend}, {BATCH} a batch", ours, fl))
+        floor.close()
+        extra = f"commit wait {commit_wait_ms(db):.2f} ms (median single-row commit)" if pg else ""
+        return rows, extra
+    finally:
+        db.cleanup()
+
+
+def render(rows: list[Row], notes: list[str], args: argparse.Namespace) -> str:
+    body = [
+        [
+            r.path,
+            f"{r.ours:,.0f}",
+            f"{1e6 / r.ours:,.0f}",
+            f"{r.floor:,.0f}",
+            f"{r.ours / r.floor:.2f}",
+            r.note,
+        ]
+        for r in rows
+    ]
+    lines = [
+        f"`python -m bench.writes --messages {args.messages} --batches {args.batches} "
+        f"--repeats {args.repeats}` on {machine()}; revision {git_revision()}; "
+        f"load average at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())}.",
+        "",
+        "Floor: tiktoken count + one INSERT into `messages` + COMMIT with the bare driver "
+        f"(sqlite3 / psycopg), one message a transaction (`add_messages`: {BATCH} a transaction), "
+        "same database, same run; medians of the repeats.",
+        "",
+        table(["path", "msg/s", "µs/msg", "floor msg/s", "ours / floor", "note"], body),
+    ]
+    if notes:
+        lines += ["", *notes]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=["sqlite", "postgresql", "all"], default="all")
+    p.add_argument("--messages", type=int, default=2000, help="add_message calls per run (PostgreSQL: ≤ 300)")
+    p.add_argument("--batches", type=int, default=100, help=f"add_messages batches of {BATCH} per run")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, help="write the writes section of this markdown file")
+    args = p.parse_args(argv)
+    backends = ["sqlite", "postgresql"] if args.backend == "all" else [args.backend]
+    rows: list[Row] = []
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in backends:
+            got, extra = bench_backend(backend, Path(tmp), args.messages, args.batches, args.repeats)
+            rows += got
+            if extra:
+                notes.append(f"PostgreSQL {pg_version()}: {extra}.")
+    text = render(rows, notes, args)
+    print(text)
+    if args.out:
+        update_section(args.out, "writes", text)
+
+
+if __name__ == "__main__":
+    main()
