@@ -197,6 +197,50 @@ def floor_threads(db: Database, conv: int, msgs: list[dict[str, Any]], clients: 
     return rate
 
 
+def driver_choice(db: Database, n: int, clients: int) -> tuple[float, float]:
+    """PostgreSQL from asyncio, ``clients`` tasks of single-row autocommitted INSERTs: psycopg's
+    async driver vs the sync driver on a thread pool (what the store does). Messages per second."""
+    import psycopg
+
+    sql = "INSERT INTO bench_driver (x, t) VALUES (%s, %s)"
+    with psycopg.connect(db.url, autocommit=True) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS bench_driver (x int, t text)")
+
+    async def native() -> float:
+        conns = [await psycopg.AsyncConnection.connect(db.url, autocommit=True) for _ in range(clients)]
+
+        async def one(c: Any) -> None:
+            for i in range(n):
+                await c.execute(sql, (i, "hello world"))
+
+        t = time.perf_counter()
+        await asyncio.gather(*(one(c) for c in conns))
+        rate = n * clients / (time.perf_counter() - t)
+        for c in conns:
+            await c.close()
+        return rate
+
+    async def pooled() -> float:
+        from concurrent.futures import ThreadPoolExecutor
+
+        conns = [psycopg.connect(db.url, autocommit=True) for _ in range(clients)]
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(clients) as pool:
+
+            async def one(c: Any) -> None:
+                for i in range(n):
+                    await loop.run_in_executor(pool, c.execute, sql, (i, "hello world"))
+
+            t = time.perf_counter()
+            await asyncio.gather(*(one(c) for c in conns))
+            rate = n * clients / (time.perf_counter() - t)
+        for c in conns:
+            c.close()
+        return rate
+
+    return asyncio.run(native()), asyncio.run(pooled())
+
+
 def median_pair(
     repeats: int, floor: Callable[[int], float], ours: Callable[[int], float]
 ) -> tuple[float, float]:
@@ -254,13 +298,24 @@ def bench_backend(backend: str, tmp: Path, n: int, batches: int, repeats: int) -
         )
         rows.append(Row(f"`add_messages`, {backend}, {BATCH} a batch", ours, fl))
         floor.close()
-        extra = f"commit wait {commit_wait_ms(db):.2f} ms (median single-row commit)" if pg else ""
+        extra = ""
+        if pg:
+            log(f"{backend}: async driver vs pooled sync driver")
+            native, pooled = zip(
+                *(driver_choice(db, n_single // 2, CLIENTS) for _ in range(repeats)), strict=True
+            )
+            extra = (
+                f"commit wait {commit_wait_ms(db):.2f} ms (median single-row commit); from asyncio, "
+                f"{CLIENTS} tasks of single-row commits: psycopg's async driver "
+                f"{statistics.median(native):,.0f}/s, the sync driver on a thread pool (what the store "
+                f"does) {statistics.median(pooled):,.0f}/s"
+            )
         return rows, extra
     finally:
         db.cleanup()
 
 
-def render(rows: list[Row], notes: list[str], args: argparse.Namespace) -> str:
+def render(rows: list[Row], notes: list[str], args: argparse.Namespace, where: str) -> str:
     body = [
         [
             r.path,
@@ -274,7 +329,7 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace) -> str:
     ]
     lines = [
         f"`python -m bench.writes --messages {args.messages} --batches {args.batches} "
-        f"--repeats {args.repeats}` on {machine()}; revision {git_revision()}; "
+        f"--repeats {args.repeats}` on {where}; revision {git_revision()}; "
         f"load average at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())}.",
         "",
         "Floor: tiktoken count + one INSERT into `messages` + COMMIT with the bare driver "
@@ -299,13 +354,14 @@ def main(argv: list[str] | None = None) -> None:
     backends = ["sqlite", "postgresql"] if args.backend == "all" else [args.backend]
     rows: list[Row] = []
     notes: list[str] = []
+    where = machine()
     with tempfile.TemporaryDirectory() as tmp:
         for backend in backends:
             got, extra = bench_backend(backend, Path(tmp), args.messages, args.batches, args.repeats)
             rows += got
             if extra:
                 notes.append(f"PostgreSQL {pg_version()}: {extra}.")
-    text = render(rows, notes, args)
+    text = render(rows, notes, args, where)
     print(text)
     if args.out:
         update_section(args.out, "writes", text)

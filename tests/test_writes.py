@@ -339,3 +339,22 @@ async def test_a_write_waiting_for_another_process_lock_leaves_the_event_loop_fr
             "before the lock",
             "during the lock",
         ]
+
+
+async def test_a_task_writing_in_a_loop_does_not_starve_the_others(tmp_path: Path) -> None:
+    """Writes on the event loop still suspend the writing task once per call."""
+    async with HistoryCompressor(f"sqlite:///{tmp_path / 'fair.db'}") as hc:
+        other_ran = asyncio.Event()
+        seen_at: list[int] = []
+
+        async def writer() -> None:
+            for i in range(20):
+                await hc.add_message("w", {"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"})
+                if other_ran.is_set() and not seen_at:
+                    seen_at.append(i)
+
+        async def other() -> None:
+            other_ran.set()
+
+        await asyncio.gather(writer(), other())
+        assert seen_at == [0], "the other task waited for the writer's whole loop"

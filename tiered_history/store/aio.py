@@ -55,6 +55,9 @@ class AsyncStore:
         """
         nowait = self._nowait
         if nowait is not None:
+            # Let the loop's other tasks run first: a call that never suspends would let one task
+            # that writes in a loop starve every other (and cancelling here writes nothing).
+            await asyncio.sleep(0)
             try:
                 with nowait():
                     return fn(*args, **kwargs)
