@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import statistics
 import sys
@@ -44,6 +45,7 @@ from tiered_history.tokens import TokenCounter
 
 BATCH = 100
 CLIENTS = 4
+_SEQ_BASES = itertools.count(10_000_000, 1_000_000)
 
 
 @dataclass
@@ -69,7 +71,8 @@ class Floor:
         self.sqlite = db.backend == "sqlite"
         self.counter = TokenCounter("gpt-4o")
         self.conv = conv
-        self.seq = 10_000_000  # far above anything the library writes in this conversation
+        # Far above anything the library writes in this conversation, and apart for every floor.
+        self.seq = next(_SEQ_BASES)
         if self.sqlite:
             import sqlite3
 
@@ -182,16 +185,24 @@ def run_async(url: str, msgs: list[dict[str, Any]], cid: str, clients: int = 1) 
 def floor_threads(db: Database, conv: int, msgs: list[dict[str, Any]], clients: int) -> float:
     """``clients`` threads of bare single-row transactions at once: aggregate messages per second."""
     floors = [Floor(db, conv) for _ in range(clients)]
-    for k, f in enumerate(floors):
-        f.seq += 1_000_000 * (k + 1)
     share = [msgs[k::clients] for k in range(clients)]
-    threads = [threading.Thread(target=f.write, args=(share[k], 1)) for k, f in enumerate(floors)]
+    failed: list[BaseException] = []
+
+    def write(f: Floor, part: list[dict[str, Any]]) -> None:
+        try:
+            f.write(part, 1)
+        except BaseException as e:
+            failed.append(e)
+
+    threads = [threading.Thread(target=write, args=(f, share[k])) for k, f in enumerate(floors)]
     t = time.perf_counter()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
     rate = len(msgs) / (time.perf_counter() - t)
+    if failed:
+        raise failed[0]
     for f in floors:
         f.close()
     return rate
