@@ -48,12 +48,35 @@ CLIENTS = 4
 _SEQ_BASES = itertools.count(10_000_000, 1_000_000)
 
 
+@dataclass(frozen=True)
+class Rate:
+    per_second: float
+    """Messages per second (wall clock)."""
+    cpu_us: float
+    """This process's CPU time per message (all its threads), µs: steadier than the wall clock
+    on a loaded machine; the database server's own time is not in it."""
+
+    @staticmethod
+    def median(rates: list[Rate]) -> Rate:
+        return Rate(
+            statistics.median(r.per_second for r in rates), statistics.median(r.cpu_us for r in rates)
+        )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.wall = time.perf_counter()
+        self.cpu = time.process_time()
+
+    def rate(self, n: int) -> Rate:
+        return Rate(n / (time.perf_counter() - self.wall), (time.process_time() - self.cpu) / n * 1e6)
+
+
 @dataclass
 class Row:
     path: str
-    ours: float
-    """Messages per second."""
-    floor: float
+    ours: Rate
+    floor: Rate
     note: str = ""
 
 
@@ -98,10 +121,10 @@ class Floor:
         at = m["timestamp"].isoformat(sep=" ") if self.sqlite else m["timestamp"]
         return (self.conv, self.seq, m["role"], at, n, n, False, m["content"])
 
-    def write(self, msgs: list[dict[str, Any]], batch: int) -> float:
-        """Messages per second: ``batch`` rows per transaction."""
+    def write(self, msgs: list[dict[str, Any]], batch: int) -> Rate:
+        """``batch`` rows per transaction."""
         cur = self.conn.cursor()
-        t = time.perf_counter()
+        t = Clock()
         for i in range(0, len(msgs), batch):
             rows = [self._row(m) for m in msgs[i : i + batch]]
             cur.execute("BEGIN IMMEDIATE" if self.sqlite else "BEGIN")
@@ -110,7 +133,7 @@ class Floor:
             else:
                 cur.executemany(self.sql, rows)
             cur.execute("COMMIT")
-        return len(msgs) / (time.perf_counter() - t)
+        return t.rate(len(msgs))
 
     def close(self) -> None:
         self.conn.close()
@@ -149,23 +172,23 @@ def commit_wait_ms(db: Database, n: int = 200) -> float:
 # -- ours ------------------------------------------------------------------------------------------------
 
 
-def run_sync(url: str, msgs: list[dict[str, Any]], cid: str, batch: int) -> float:
+def run_sync(url: str, msgs: list[dict[str, Any]], cid: str, batch: int) -> Rate:
     with SyncHistoryCompressor(url, summarize_inline=False) as h:
         h.add_message(cid, msgs[0])  # creates it: the timed writes all append
-        t = time.perf_counter()
+        t = Clock()
         if batch == 1:
             for m in msgs[1:]:
                 h.add_message(cid, m)
         else:
             for i in range(1, len(msgs), batch):
                 h.add_messages(cid, msgs[i : i + batch])
-        return (len(msgs) - 1) / (time.perf_counter() - t)
+        return t.rate(len(msgs) - 1)
 
 
-def run_async(url: str, msgs: list[dict[str, Any]], cid: str, clients: int = 1) -> float:
+def run_async(url: str, msgs: list[dict[str, Any]], cid: str, clients: int = 1) -> Rate:
     """``clients`` concurrent tasks on one compressor, each adding to its own conversation."""
 
-    async def go() -> float:
+    async def go() -> Rate:
         async with HistoryCompressor(url, summarize_inline=False) as h:
             for k in range(clients):
                 await h.add_message(f"{cid}-{k}", msgs[0])
@@ -175,14 +198,14 @@ def run_async(url: str, msgs: list[dict[str, Any]], cid: str, clients: int = 1) 
                 for m in share[k]:
                     await h.add_message(f"{cid}-{k}", m)
 
-            t = time.perf_counter()
+            t = Clock()
             await asyncio.gather(*(client(k) for k in range(clients)))
-            return (len(msgs) - 1) / (time.perf_counter() - t)
+            return t.rate(len(msgs) - 1)
 
     return asyncio.run(go())
 
 
-def floor_threads(db: Database, conv: int, msgs: list[dict[str, Any]], clients: int) -> float:
+def floor_threads(db: Database, conv: int, msgs: list[dict[str, Any]], clients: int) -> Rate:
     """``clients`` threads of bare single-row transactions at once: aggregate messages per second."""
     floors = [Floor(db, conv) for _ in range(clients)]
     share = [msgs[k::clients] for k in range(clients)]
@@ -195,12 +218,12 @@ def floor_threads(db: Database, conv: int, msgs: list[dict[str, Any]], clients: 
             failed.append(e)
 
     threads = [threading.Thread(target=write, args=(f, share[k])) for k, f in enumerate(floors)]
-    t = time.perf_counter()
+    t = Clock()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    rate = len(msgs) / (time.perf_counter() - t)
+    rate = t.rate(len(msgs))
     if failed:
         raise failed[0]
     for f in floors:
@@ -252,14 +275,12 @@ def driver_choice(db: Database, n: int, clients: int) -> tuple[float, float]:
     return asyncio.run(native()), asyncio.run(pooled())
 
 
-def median_pair(
-    repeats: int, floor: Callable[[int], float], ours: Callable[[int], float]
-) -> tuple[float, float]:
+def median_pair(repeats: int, floor: Callable[[int], Rate], ours: Callable[[int], Rate]) -> tuple[Rate, Rate]:
     fs, os_ = [], []
     for r in range(repeats):
         fs.append(floor(r))
         os_.append(ours(r))
-    return statistics.median(os_), statistics.median(fs)
+    return Rate.median(os_), Rate.median(fs)
 
 
 def bench_backend(backend: str, tmp: Path, n: int, batches: int, repeats: int) -> tuple[list[Row], str]:
@@ -298,7 +319,7 @@ def bench_backend(backend: str, tmp: Path, n: int, batches: int, repeats: int) -
                     f"`add_message`, {backend}, async, {CLIENTS} clients (total)",
                     ours,
                     fl,
-                    f"per client {ours / CLIENTS:,.0f}/s; floor: {CLIENTS} threads",
+                    f"per client {ours.per_second / CLIENTS:,.0f}/s; floor: {CLIENTS} threads",
                 )
             )
         log(f"{backend}: add_messages")
@@ -330,10 +351,12 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace, where: s
     body = [
         [
             r.path,
-            f"{r.ours:,.0f}",
-            f"{1e6 / r.ours:,.0f}",
-            f"{r.floor:,.0f}",
-            f"{r.ours / r.floor:.2f}",
+            f"{r.ours.per_second:,.0f}",
+            f"{r.floor.per_second:,.0f}",
+            f"{r.ours.per_second / r.floor.per_second:.2f}",
+            f"{r.ours.cpu_us:,.0f}",
+            f"{r.floor.cpu_us:,.0f}",
+            f"{r.floor.cpu_us / r.ours.cpu_us:.2f}",
             r.note,
         ]
         for r in rows
@@ -347,7 +370,19 @@ def render(rows: list[Row], notes: list[str], args: argparse.Namespace, where: s
         f"(sqlite3 / psycopg), one message a transaction (`add_messages`: {BATCH} a transaction), "
         "same database, same run; medians of the repeats.",
         "",
-        table(["path", "msg/s", "µs/msg", "floor msg/s", "ours / floor", "note"], body),
+        table(
+            [
+                "path",
+                "msg/s",
+                "floor msg/s",
+                "ours / floor",
+                "CPU µs/msg",
+                "floor CPU µs/msg",
+                "floor / ours (CPU)",
+                "note",
+            ],
+            body,
+        ),
     ]
     if notes:
         lines += ["", *notes]

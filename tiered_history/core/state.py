@@ -112,7 +112,19 @@ def _int(value: int | None) -> str:
 
 
 def _stamp(value: datetime | None) -> str:
-    return "null" if value is None else f'"{value.astimezone(UTC).isoformat()}"'
+    if value is None:
+        return "null"
+    # The same few times recur in every document (the open topic's bounds, the newest message):
+    # an equal instant formats to the same UTC text, so remember the text of recent ones.
+    found = _STAMPS.get(value)
+    if found is None:
+        if len(_STAMPS) >= 4096:
+            _STAMPS.clear()
+        found = _STAMPS[value] = f'"{value.astimezone(UTC).isoformat()}"'
+    return found
+
+
+_STAMPS: dict[datetime, str] = {}
 
 
 def _span(s: Span) -> str:

@@ -353,7 +353,7 @@ class _Held:
     def put(self, conn: Any, cur: Any, nowait: bool) -> None:
         with self._lock:
             free = self._free_nowait if nowait else self._free
-            if self._pid == os.getpid() and len(free) < (self.keep_nowait if nowait else self.keep):
+            if len(free) < (self.keep_nowait if nowait else self.keep):
                 free.append((conn, cur))
                 return
         self.discard(conn)
