@@ -115,18 +115,27 @@ class Statements:
         if pg:
             # An append as one statement (one round trip, a transaction by itself): the guarded
             # state update, and the messages inserted only if it matched.
-            self.append: str | None = s(
+            guarded = (
                 "WITH c AS (UPDATE conversations SET version = :version, platform = :platform, "
                 "updated_at = :updated_at, due_at = :due_at, state = :state "
                 "WHERE id = :id AND version = :expect RETURNING key) "
                 "INSERT INTO messages (conv, seq, role, created_at, tokens, full_tokens, pinned, pin_key, "
-                "content, wire, meta) SELECT c.key, m.* FROM c, unnest(CAST(:seqs AS integer[]), "
+                "content, wire, meta) SELECT c.key, "
+            )
+            # One message by plain parameters (the driver dumps arrays slowly), a batch by arrays.
+            self.append_one: str | None = s(
+                f"{guarded}:seq, :role, :created_at, :tokens, :full_tokens, :pinned, :pin_key, :content, "
+                ":wire, :meta FROM c"
+            )
+            self.append: str | None = s(
+                f"{guarded}m.* FROM c, unnest(CAST(:seqs AS integer[]), "
                 "CAST(:roles AS text[]), CAST(:ats AS timestamptz[]), CAST(:tokens AS integer[]), "
                 "CAST(:fulls AS integer[]), CAST(:pins AS boolean[]), CAST(:pin_keys AS text[]), "
                 "CAST(:contents AS text[]), CAST(:wires AS text[]), CAST(:metas AS text[])) AS m"
             )
         else:
-            self.append = None  # SQLite has no data-modifying WITH; its statements cost no round trip
+            # SQLite has no data-modifying WITH; its statements cost no round trip.
+            self.append_one = self.append = None
         self.pinned = s(f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq {self.in_list}")
         self.window = s(
             f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq > :lo AND seq <= :hi "
@@ -928,6 +937,11 @@ class SQLStore:
         if not writes.messages:
             cur.execute(self.q.update_conversation, params)
             done = cur.fetchone() is not None
+        elif len(writes.messages) == 1:
+            params.update(self._message_params(0, writes.messages[0]))
+            assert self.q.append_one is not None
+            cur.execute(self.q.append_one, params)
+            done = cur.rowcount == 1
         else:
             ms = writes.messages
             ts = self._ts
