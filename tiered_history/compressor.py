@@ -293,7 +293,9 @@ class HistoryCompressor(BaseCompressor):
         if max_tokens is None:
             # Reading the model's window may load litellm's tables: keep it off the event loop.
             max_tokens = await asyncio.to_thread(self.reply.default_max_tokens)
-        return await self._call(self.reply.get_context, conversation_id, max_tokens, query, record)
+        # On the pool: reading and assembling costs milliseconds (no hop is worth the loop's
+        # time), and a read whose closing record met a busy lock would be read all over again.
+        return await self._run(self.reply.get_context, conversation_id, max_tokens, query, record)
 
     async def seal_current_topic(self, conversation_id: str) -> Summary | None:
         """Close the open topic now; it is summarised by the next ``maintain()``."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -23,6 +24,10 @@ from .base import ContextRequest, Snapshot, Store, WouldWait
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+#: After a write tried on the event loop met another writer's lock, this long of writes go
+#: straight to the thread pool.
+CONTENDED_SECONDS = 0.1
 
 
 class AsyncStore:
@@ -38,6 +43,7 @@ class AsyncStore:
         self._nowait: Callable[[], AbstractContextManager[None]] | None = (
             getattr(store, "nowait", None) if self._executor is not None else None
         )
+        self._contended_until = 0.0
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)``, on the thread pool when the store may block."""
@@ -54,7 +60,7 @@ class AsyncStore:
         path's: they plan, then commit once), so that running one again from the start is safe.
         """
         nowait = self._nowait
-        if nowait is not None:
+        if nowait is not None and time.monotonic() >= self._contended_until:
             # Let the loop's other tasks run first: a call that never suspends would let one task
             # that writes in a loop starve every other (and cancelling here writes nothing).
             await asyncio.sleep(0)
@@ -62,7 +68,9 @@ class AsyncStore:
                 with nowait():
                     return fn(*args, **kwargs)
             except WouldWait:
-                pass  # another writer holds the lock: wait for it on a thread
+                # Another writer holds the lock: wait for it on a thread. While writers contend,
+                # the next calls go straight there (a refused try costs its planning again).
+                self._contended_until = time.monotonic() + CONTENDED_SECONDS
         return await self.run(fn, *args, **kwargs)
 
     def shutdown(self) -> None:
