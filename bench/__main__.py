@@ -16,6 +16,7 @@ DOC = Path("docs/benchmarks.md")
 
 STEPS: list[list[str]] = [
     ["bench.latency", "--backend", "all", "--sizes", "1000,10000,100000", "--out", str(DOC)],
+    ["bench.writes", "--out", str(DOC)],
     ["bench.boundaries", "--out", str(DOC)],
     ["bench.retention", "--out", str(DOC)],
     ["bench.llm_cost", "--out", str(DOC)],

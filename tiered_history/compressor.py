@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 T = TypeVar("T")
 
+#: Batches of ``add_messages`` up to this size run like ``add_message`` (on the event loop when
+#: the store can write without waiting); bigger ones always on the store's thread pool.
+LOOP_BATCH = 32
+
 
 def check_detectors(detectors: Sequence[BoundaryDetector]) -> tuple[BoundaryDetector, ...]:
     """The detectors, checked once: each needs a short ``name``, a ``window`` and ``propose``."""
@@ -185,6 +189,12 @@ class HistoryCompressor(BaseCompressor):
             await self.initialize()
         return await self.store.run(fn, *args, **kwargs)
 
+    async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """A short reply-path call: on the event loop unless it would wait for a database lock."""
+        if not self._initialized:
+            await self.initialize()
+        return await self.store.call(fn, *args, **kwargs)
+
     async def close(self) -> None:
         """Stop the background job and close the store (an Engine you passed stays open)."""
         await self.stop_background()
@@ -216,7 +226,7 @@ class HistoryCompressor(BaseCompressor):
         open topic first when a boundary rule says so. ``platform``, ``channel`` and ``user_id``
         describe where it comes from (kept on the conversation, for :meth:`list_conversations`)."""
         reply = self.reply
-        stored, sealed = await self._run(
+        stored, sealed = await self._call(
             reply.add_message, conversation_id, message, platform=platform, channel=channel, user_id=user_id
         )
         if sealed and self.settings.summarize_inline:
@@ -234,7 +244,10 @@ class HistoryCompressor(BaseCompressor):
     ) -> list[StoredMessage]:
         """Store a batch in order, in one transaction: all of them, or (one invalid) none."""
         reply = self.reply
-        stored, sealed = await self._run(
+        # A big batch (an import) is long work of its own: the loop is not the place for it.
+        small = isinstance(messages, Sequence) and len(messages) <= LOOP_BATCH
+        run = self._call if small else self._run
+        stored, sealed = await run(
             reply.add_messages, conversation_id, messages, platform=platform, channel=channel, user_id=user_id
         )
         if sealed and self.settings.summarize_inline:
@@ -254,13 +267,13 @@ class HistoryCompressor(BaseCompressor):
         summarised. Pinning again under the same ``key`` replaces it in the context; the earlier
         message stays stored. A bot that pins its system prompt with ``key="system"`` on every
         start keeps exactly one."""
-        return await self._run(
+        return await self._call(
             self.reply.pin, conversation_id, message, key=key, platform=platform, channel=channel
         )
 
     async def unpin(self, conversation_id: str, key: str) -> bool:
         """Take pin ``key`` out of the context (its message stays stored). False if there is none."""
-        return await self._run(self.reply.unpin, conversation_id, key)
+        return await self._call(self.reply.unpin, conversation_id, key)
 
     async def get_context(
         self,
@@ -280,6 +293,8 @@ class HistoryCompressor(BaseCompressor):
         if max_tokens is None:
             # Reading the model's window may load litellm's tables: keep it off the event loop.
             max_tokens = await asyncio.to_thread(self.reply.default_max_tokens)
+        # On the pool: reading and assembling costs milliseconds (no hop is worth the loop's
+        # time), and a read whose closing record met a busy lock would be read all over again.
         return await self._run(self.reply.get_context, conversation_id, max_tokens, query, record)
 
     async def seal_current_topic(self, conversation_id: str) -> Summary | None:

@@ -325,6 +325,7 @@ class TokenCounter:
         self.audio_tokens = audio_tokens
         self.file_tokens = file_tokens
         self._enc = get_encoding(self.encoding_name)
+        self._short: dict[str, int] = {}
 
     def usable_budget(self, max_tokens: int) -> int:
         """What may be filled of ``max_tokens`` once the safety margin is set aside."""
@@ -333,6 +334,14 @@ class TokenCounter:
     def count(self, text: str) -> int:
         if not text:
             return 0
+        if len(text) <= _SHORT:
+            # Roles, names and ids recur in every message: the tokenizer call costs more than they do.
+            found = self._short.get(text)
+            if found is None:
+                if len(self._short) >= 4096:
+                    self._short.clear()
+                found = self._short[text] = len(self._enc.encode(text, disallowed_special=()))
+            return found
         return len(self._enc.encode(text, disallowed_special=()))
 
     def encode(self, text: str) -> list[int]:
@@ -406,6 +415,10 @@ class TokenCounter:
     def messages_tokens(self, messages: Iterable[Mapping[str, Any]]) -> int:
         """Framed cost of a whole request: every message plus the reply priming."""
         return REPLY_PRIMING_TOKENS + sum(self.message_tokens(m) for m in messages)
+
+
+#: Texts up to this many characters have their counts remembered (see ``TokenCounter.count``).
+_SHORT = 16
 
 
 @lru_cache(maxsize=8)

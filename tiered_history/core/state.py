@@ -99,6 +99,65 @@ class Recent:
         return cls(int(v[0]), Span.from_json(v[1]), Span.from_json(v[2]), bool(v[3]))
 
 
+def _quoted(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _opt(text: str | None) -> str:
+    return "null" if text is None else json.dumps(text, ensure_ascii=False)
+
+
+def _int(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
+
+
+def _stamp(value: datetime | None) -> str:
+    if value is None:
+        return "null"
+    # The same few times recur in every document (the open topic's bounds, the newest message):
+    # an equal instant formats to the same UTC text, so remember the text of recent ones.
+    found = _STAMPS.get(value)
+    if found is None:
+        if len(_STAMPS) >= 4096:
+            _STAMPS.clear()
+        found = _STAMPS[value] = f'"{value.astimezone(UTC).isoformat()}"'
+    return found
+
+
+_STAMPS: dict[datetime, str] = {}
+
+
+def _span(s: Span) -> str:
+    """``json.dumps(s.to_json())``, compact."""
+    return f"[{s.messages},{s.tokens},{s.source},{_stamp(s.first_at)},{_stamp(s.last_at)}]"
+
+
+def _seal(x: SealInfo) -> str:
+    return f"[{x.ordinal},{x.first},{x.last},{_span(x.span)},{_quoted(x.reason)}]"
+
+
+def _window(w: WindowMark) -> str:
+    return f"[{w.start},{w.budget},{w.epoch},[{','.join([str(int(i)) for i in w.shown])}]]"
+
+
+#: Encoded :class:`Recent` entries by identity (a state keeps each for its next RECENT writes).
+_ENCODED: dict[int, tuple[Recent, str]] = {}
+_ENCODED_MAX = 8192
+
+
+def _encoded(r: Recent) -> str:
+    """``r`` as JSON, memoised by identity (entries are immutable; the entry keeps ``r`` alive,
+    so its id cannot be reused while cached)."""
+    hit = _ENCODED.get(id(r))
+    if hit is not None and hit[0] is r:
+        return hit[1]
+    text = f"[{r.sequence},{_span(r.own)},{_span(r.upto)},{'true' if r.clean else 'false'}]"
+    if len(_ENCODED) >= _ENCODED_MAX:
+        _ENCODED.clear()
+    _ENCODED[id(r)] = (r, text)
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class SealInfo:
     """The topic sealed last, remembered so the next messages can reopen it."""
@@ -234,40 +293,29 @@ class ConversationState:
 
     def body(self) -> str:
         """The JSON document a store keeps for this state (everything but the columns)."""
-        return json.dumps(
-            {
-                "last": self.last_sequence,
-                "last_at": _ts(self.last_message_at),
-                "start": self.topic_start_seq,
-                "open": self.open.to_json(),
-                "calls": list(self.open_tool_calls),
-                "clean_seq": self.last_clean_seq,
-                "clean": self.clean.to_json(),
-                "tail": self.tail.to_json(),
-                "recent": [r.to_json() for r in self.recent],
-                "detector": self.detector,
-                "last_seal": self.last_seal.to_json() if self.last_seal else None,
-                "topics": self.topic_count,
-                "archives": self.archive_count,
-                "summarized": self.summarized_upto,
-                "merged": self.topics_merged_upto,
-                "dropped": self.archives_dropped_upto,
-                "compressions": self.compressions,
-                "pins": [list(p) for p in self.pins],
-                "budget": self.budget,
-                "ctx_tokens": self.context_tokens,
-                "epoch": self.epoch,
-                "window": self.window.to_json() if self.window else None,
-                "words": self.words,
-                "channel": self.channel,
-                "users": list(self.users),
-                "detected": self.detected_upto,
-                "maint": self.needs_maintenance,
-                "retry_at": _ts(self.next_retry_at),
-                "silence_at": _ts(self.silence_due_at),
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
+        # Written on every message, so formatted by hand (json.dumps of the same structure gives
+        # the same text, a test checks it): numbers and timestamps need no escaping, the strings
+        # a caller chose do; the remembered messages (most of it) are encoded once each.
+        q = _quoted
+        window = self.window
+        seal = self.last_seal
+        return (
+            f'{{"last":{self.last_sequence},"last_at":{_stamp(self.last_message_at)},'
+            f'"start":{self.topic_start_seq},"open":{_span(self.open)},'
+            f'"calls":[{",".join([q(c) for c in self.open_tool_calls])}],'
+            f'"clean_seq":{self.last_clean_seq},"clean":{_span(self.clean)},"tail":{_span(self.tail)},'
+            f'"recent":[{",".join([_encoded(r) for r in self.recent])}],'
+            f'"detector":{_opt(self.detector)},'
+            f'"last_seal":{"null" if seal is None else _seal(seal)},'
+            f'"topics":{self.topic_count},"archives":{self.archive_count},'
+            f'"summarized":{self.summarized_upto},"merged":{self.topics_merged_upto},'
+            f'"dropped":{self.archives_dropped_upto},"compressions":{self.compressions},'
+            f'"pins":[{",".join([f"[{q(k)},{n}]" for k, n in self.pins])}],'
+            f'"budget":{_int(self.budget)},"ctx_tokens":{self.context_tokens},"epoch":{self.epoch},'
+            f'"window":{"null" if window is None else _window(window)},"words":{self.words},'
+            f'"channel":{_opt(self.channel)},"users":[{",".join([q(u) for u in self.users])}],'
+            f'"detected":{self.detected_upto},"maint":{"true" if self.needs_maintenance else "false"},'
+            f'"retry_at":{_stamp(self.next_retry_at)},"silence_at":{_stamp(self.silence_due_at)}}}'
         )
 
     @classmethod

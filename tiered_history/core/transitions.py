@@ -210,12 +210,16 @@ def _open_topic(state: ConversationState) -> OpenTopic:
 
 def silence_deadline(state: ConversationState, rules: BoundaryRules) -> datetime | None:
     """When maintenance may seal the open topic for silence (None: it may not)."""
-    if not rules.temporal or not state.open.messages or state.last_message_at is None:
+    return _silence_deadline(state.open, state.last_message_at, rules)
+
+
+def _silence_deadline(open: Span, last_message_at: datetime | None, rules: BoundaryRules) -> datetime | None:
+    if not rules.temporal or not open.messages or last_message_at is None:
         return None
-    if state.open.tokens < rules.min_tokens:
+    if open.tokens < rules.min_tokens:
         return None
     try:
-        return state.last_message_at + rules.silence
+        return last_message_at + rules.silence
     except OverflowError:  # a message stamped in the last minutes of year 9999: never silent
         return None
 
@@ -244,15 +248,18 @@ class Origin:
 
     def applied(self, state: ConversationState) -> ConversationState:
         """``state`` with what it did not know yet (the first platform and channel given win)."""
+        return replace(state, **self.changes(state))
+
+    def changes(self, state: ConversationState) -> dict[str, Any]:
+        """The fields :meth:`applied` sets."""
         users = state.users
         if self.user_id is not None and self.user_id not in users and len(users) < MAX_USERS:
             users = (*users, self.user_id)
-        return replace(
-            state,
-            platform=state.platform or self.platform,
-            channel=state.channel or self.channel,
-            users=users,
-        )
+        return {
+            "platform": state.platform or self.platform,
+            "channel": state.channel or self.channel,
+            "users": users,
+        }
 
 
 def append(
@@ -292,7 +299,6 @@ def append(
             reply_to=m.reply_to,
         ),
     )
-    before = replace(before, detector=verdict.detector)
     updates: tuple[SummaryUpdate, ...] = ()
     sealed: NewSummary | None = None
     if verdict.reason == UNSEAL:
@@ -325,15 +331,21 @@ def append(
         key = m.pin_key or f"#{seq}"
         pins = (*((k, s) for k, s in pins if k != key), (key, seq))
     last_at = cur.last_message_at
-    if origin is not None:
-        cur = origin.applied(cur)
+    last_at = m.timestamp if last_at is None or m.timestamp > last_at else last_at
+    # One copy of the state for the whole step (it has many fields: each copy costs).
+    changes = origin.changes(cur) if origin is not None else {}
+    changes["platform"] = changes.get("platform", cur.platform) or platform
     if sealed is not None or updates or m.pinned:
-        cur = replace(cur, epoch=cur.epoch + 1)  # an event: the context's start may change now
+        changes["epoch"] = cur.epoch + 1  # an event: the context's start may change now
+    seen = max(cur.detected_upto, cur.topic_start_seq - 1)
+    if rules.detect_every and seq - seen >= rules.detect_every:
+        changes["needs_maintenance"] = True  # the pluggable detectors run in maintenance
     after = cur.bumped(
-        platform=cur.platform or platform,
+        **changes,
+        detector=verdict.detector,
         updated_at=now,
         last_sequence=seq,
-        last_message_at=m.timestamp if last_at is None or m.timestamp > last_at else last_at,
+        last_message_at=last_at,
         open=opened,
         open_tool_calls=tuple(calls),
         last_clean_seq=last_clean,
@@ -343,10 +355,8 @@ def append(
         pins=pins,
         context_tokens=cur.context_tokens + (0 if m.pinned else m.token_count),
         words=cur.words + m.words,
+        silence_due_at=_silence_deadline(opened, last_at, rules),
     )
-    after = replace(after, silence_due_at=silence_deadline(after, rules))
-    if rules.detect_every and detection_due(after, rules.detect_every):
-        after = replace(after, needs_maintenance=True)  # the pluggable detectors run in maintenance
     row = NewMessage(
         sequence=seq,
         role=m.role,
@@ -398,9 +408,9 @@ def append_all(
         cur = done.writes.state
     assert cur is not None
     base = 0 if state is None else state.version
-    return Writes(
-        replace(cur, version=base + 1), tuple(rows), tuple(sealed), tuple(updates), create=state is None
-    )
+    if cur.version != base + 1:  # one write, one version (each append bumped it)
+        cur = replace(cur, version=base + 1)
+    return Writes(cur, tuple(rows), tuple(sealed), tuple(updates), create=state is None)
 
 
 def unpin(state: ConversationState, key: str, now: datetime) -> Writes | None:

@@ -27,6 +27,15 @@ class LeaseLostError(Exception):
     """This worker's lease on a conversation expired and another worker took it over."""
 
 
+class WouldWait(Exception):
+    """A transaction run in a store's ``nowait()`` block needed a lock another writer holds.
+
+    Nothing was written. Raised only inside ``nowait()``, which only
+    :meth:`~tiered_history.store.aio.AsyncStore.call` uses: it runs the call again on its
+    thread pool, where waiting for the lock blocks no event loop.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """Unpinned messages with ``lo < sequence <= hi``, newest first, until ``token_cap`` tokens.

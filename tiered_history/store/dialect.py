@@ -111,6 +111,10 @@ def create_engine(url: str) -> sa.Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database in (None, "", ":memory:"):
             kwargs["poolclass"] = StaticPool
+        else:
+            # The store holds up to _THREADS connections between transactions: never make a
+            # thread wait for a pool slot (a SQLite connection is only a file handle).
+            kwargs.update(pool_size=_THREADS, max_overflow=-1)
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
         kwargs.update(pool_pre_ping=True, pool_size=_THREADS, max_overflow=2)

@@ -10,10 +10,12 @@ decided once in :mod:`.dialect`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -39,6 +41,7 @@ from .base import (
     LeaseLostError,
     Snapshot,
     SummaryWindow,
+    WouldWait,
     newest_summaries,
     newest_window,
 )
@@ -65,6 +68,10 @@ _STATE_COLS = (
 #: Search bound: each query word's newest matching rows of a conversation that are ranked (at
 #: least as many as the results asked for), on SQLite and PostgreSQL.
 CANDIDATES_PER_WORD = 64
+#: Idle connections kept for transactions tried without waiting (event loops use them).
+NOWAIT_CONNECTIONS = 2
+#: psycopg's ``TransactionStatus.IDLE``: no transaction open on the connection.
+_PG_IDLE = 0
 
 
 class Statements:
@@ -104,6 +111,30 @@ class Statements:
             ":latency_ms, :attempts, :next_attempt_at, :last_error, :created_at, :parent_id, :dropped_at) "
             "RETURNING id"
         )
+        if pg:
+            # An append as one statement (one round trip, a transaction by itself): the guarded
+            # state update, and the messages inserted only if it matched.
+            guarded = (
+                "WITH c AS (UPDATE conversations SET version = :version, platform = :platform, "
+                "updated_at = :updated_at, due_at = :due_at, state = :state "
+                "WHERE id = :id AND version = :expect RETURNING key) "
+                "INSERT INTO messages (conv, seq, role, created_at, tokens, full_tokens, pinned, pin_key, "
+                "content, wire, meta) SELECT c.key, "
+            )
+            # One message by plain parameters (the driver dumps arrays slowly), a batch by arrays.
+            self.append_one: str | None = s(
+                f"{guarded}:seq, :role, :created_at, :tokens, :full_tokens, :pinned, :pin_key, :content, "
+                ":wire, :meta FROM c"
+            )
+            self.append: str | None = s(
+                f"{guarded}m.* FROM c, unnest(CAST(:seqs AS integer[]), "
+                "CAST(:roles AS text[]), CAST(:ats AS timestamptz[]), CAST(:tokens AS integer[]), "
+                "CAST(:fulls AS integer[]), CAST(:pins AS boolean[]), CAST(:pin_keys AS text[]), "
+                "CAST(:contents AS text[]), CAST(:wires AS text[]), CAST(:metas AS text[])) AS m"
+            )
+        else:
+            # SQLite has no data-modifying WITH; its statements cost no round trip.
+            self.append_one = self.append = None
         self.pinned = s(f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq {self.in_list}")
         self.window = s(
             f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq > :lo AND seq <= :hi "
@@ -170,6 +201,10 @@ class Statements:
             "ORDER BY id LIMIT :lim"
         )
         self.lease_of = s("SELECT version, lease_owner FROM conversations WHERE id = :id")
+        self.landed = s("SELECT key, version, state, updated_at FROM conversations WHERE id = :id")
+        self.summary_id = s(
+            "SELECT id FROM summaries WHERE conv = :conv AND kind = :kind AND ordinal = :ordinal"
+        )
         free = "(lease_owner IS NULL OR lease_expires_at < :now)"
         lock = " FOR UPDATE SKIP LOCKED" if pg else ""
         self.claim_due = s(
@@ -274,6 +309,83 @@ class Statements:
             return found
 
 
+class _Held:
+    """Connections a store keeps checked out of its own engine and reuses for every transaction.
+
+    Checking a connection out of SQLAlchemy's pool and back costs about as much as a short
+    write itself (and PostgreSQL's pre-ping one more round trip). Both drivers run in autocommit
+    mode here: the store sends BEGIN and COMMIT itself, and a single statement needs neither.
+    ``nowait`` connections (SQLite) have no busy timeout: a transaction that would wait for
+    another writer's lock fails at once instead (:class:`~.base.WouldWait`), so that it can be
+    tried on an event loop and handed to a thread only when it must wait.
+    """
+
+    def __init__(self, engine: sa.Engine, keep: int, keep_nowait: int, sqlite: bool) -> None:
+        self.engine = engine
+        self.keep = keep
+        self.keep_nowait = keep_nowait
+        self.sqlite = sqlite
+        self._free: list[tuple[Any, Any]] = []
+        self._free_nowait: list[tuple[Any, Any]] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._local = threading.local()
+
+    def nowait_now(self) -> bool:
+        return bool(getattr(self._local, "nowait", False))
+
+    @contextmanager
+    def nowait(self) -> Iterator[None]:
+        """Transactions on this thread fail with :class:`WouldWait` instead of waiting for a lock."""
+        before = self.nowait_now()
+        self._local.nowait = True
+        try:
+            yield
+        finally:
+            self._local.nowait = before
+
+    def get(self, nowait: bool) -> tuple[Any, Any]:
+        with self._lock:
+            if self._pid != os.getpid():
+                # A forked child must not use its parent's connections (nor close them).
+                self._free, self._free_nowait, self._pid = [], [], os.getpid()
+            free = self._free_nowait if nowait else self._free
+            if free:
+                return free.pop()
+        conn = self.engine.raw_connection()
+        try:
+            dbapi: Any = conn.dbapi_connection
+            if self.sqlite:
+                if nowait:
+                    dbapi.execute("PRAGMA busy_timeout=0")
+            else:
+                dbapi.rollback()  # the pool's pre-ping may have opened a transaction
+                dbapi.autocommit = True
+            return conn, dbapi.cursor()
+        except BaseException:
+            conn.invalidate()
+            raise
+
+    def put(self, conn: Any, cur: Any, nowait: bool) -> None:
+        with self._lock:
+            free = self._free_nowait if nowait else self._free
+            if len(free) < (self.keep_nowait if nowait else self.keep):
+                free.append((conn, cur))
+                return
+        self.discard(conn)
+
+    def discard(self, conn: Any) -> None:
+        """Close a connection (not back to the pool: its settings are this class's)."""
+        with suppress(Exception):  # already broken: nothing more to release
+            conn.invalidate()
+
+    def close(self) -> None:
+        with self._lock:
+            held, self._free, self._free_nowait = self._free + self._free_nowait, [], []
+        for conn, _ in held:
+            self.discard(conn)
+
+
 class _Rollback(Exception):
     def __init__(self, outcome: Outcome) -> None:
         self.outcome = outcome
@@ -294,6 +406,20 @@ class SQLStore:
         self._sqlite = self.caps.name == "sqlite"
         #: In-memory SQLite: one shared connection, so callers must take turns (one thread).
         self.single_connection = self.caps.single_connection
+        # An engine made here is used through connections held across transactions; one a caller
+        # passed is checked out and returned per transaction, its pool and events as they expect.
+        self._held = (
+            _Held(self.engine, self.caps.threads, NOWAIT_CONNECTIONS, self._sqlite)
+            if self._owns_engine and not self.single_connection
+            else None
+        )
+        self._begin_write = "BEGIN IMMEDIATE" if self._sqlite else "BEGIN"
+        self._begin_read = "BEGIN" if self._sqlite else "BEGIN ISOLATION LEVEL REPEATABLE READ"
+        #: Run a block's transactions without waiting for locks (:class:`~.base.WouldWait` instead):
+        #: None when this store cannot (PostgreSQL always waits on the network).
+        self.nowait: Callable[[], AbstractContextManager[None]] | None = (
+            self._held.nowait if self._held is not None and self._sqlite else None
+        )
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -307,14 +433,55 @@ class SQLStore:
                 raise translate(e, "migrating the schema") from None
 
     def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
         if self._owns_engine:
             self.engine.dispose()
 
-    def _tx(self, action: str, fn: Callable[[Any], T], *, write: bool) -> T:
-        """Run ``fn(cursor)`` in one transaction; transient failures are retried where the dialect allows."""
-        return self.caps.retry(lambda: self._once(action, fn, write))
+    def _tx(self, action: str, fn: Callable[[Any], T], *, write: bool, single: bool = False) -> T:
+        """Run ``fn(cursor)`` in one transaction; transient failures are retried where the dialect allows.
 
-    def _once(self, action: str, fn: Callable[[Any], T], write: bool) -> T:
+        ``single``: ``fn`` runs one statement, which is a transaction by itself on a held
+        PostgreSQL connection (autocommit): no BEGIN and COMMIT round trips.
+        """
+        return self._retried(action, fn, write, single, None)
+
+    def _retried(
+        self,
+        action: str,
+        fn: Callable[[Any], T],
+        write: bool,
+        single: bool,
+        landed: Callable[[Any], T | None] | None,
+    ) -> T:
+        """``fn`` in a transaction, retried on transient failures where the dialect allows.
+
+        A write whose connection dropped may have committed all the same (the COMMIT, or the
+        single statement, reached the server; its answer did not): a retry first asks
+        ``landed`` whether it did, so a write is never applied twice.
+        """
+        tries = 0
+
+        def attempt() -> T:
+            nonlocal tries
+            tries += 1
+            run, alone = fn, single
+            if tries > 1 and landed is not None:
+                check = landed
+
+                def run(cur: Any) -> T:
+                    found = check(cur)
+                    return fn(cur) if found is None else found
+
+                alone = False
+            if self._held is None:
+                return self._pooled(action, run, write)
+            return self._on_held(action, run, write, alone)
+
+        return self.caps.retry(attempt)
+
+    def _pooled(self, action: str, fn: Callable[[Any], T], write: bool) -> T:
+        """A transaction on a connection checked out of (and returned to) a caller's engine."""
         try:
             with self.engine.connect() as conn:
                 dbapi = conn.connection.dbapi_connection
@@ -343,6 +510,57 @@ class SQLStore:
             if isinstance(e, sa.exc.SQLAlchemyError) or _is_driver_error(e):
                 raise translate(e, action) from None
             raise
+
+    def _on_held(self, action: str, fn: Callable[[Any], T], write: bool, single: bool) -> T:
+        """A transaction on a connection this store holds (see :class:`_Held`): explicit BEGIN
+        and COMMIT, both drivers in autocommit mode."""
+        held = self._held
+        assert held is not None
+        nowait = held.nowait_now()
+        try:
+            conn, cur = held.get(nowait)
+        except Exception as e:
+            if isinstance(e, sa.exc.SQLAlchemyError) or _is_driver_error(e):
+                raise translate(e, action) from None
+            raise
+        ok = False
+        try:
+            if not single:
+                cur.execute(self._begin_write if write else self._begin_read)
+            try:
+                result = fn(cur)
+            except BaseException:
+                if not single:
+                    _rollback_quietly(cur)
+                raise
+            if not single:
+                cur.execute("COMMIT")
+            ok = True
+            return result
+        except (StoreError, LeaseLostError, _Rollback):
+            ok = True  # raised by ``fn`` after a clean rollback: the connection is fine
+            raise
+        except Exception as e:
+            if isinstance(e, sa.exc.SQLAlchemyError) or _is_driver_error(e):
+                ok = self._usable(conn)
+                if not ok and not self._sqlite:
+                    held.close()  # the server restarted or dropped us: the idle ones are gone too
+                if nowait and self._sqlite and _is_busy(e):
+                    raise WouldWait from None
+                raise translate(e, action) from None
+            raise
+        finally:
+            if ok:
+                held.put(conn, cur, nowait)
+            else:
+                held.discard(conn)
+
+    def _usable(self, conn: Any) -> bool:
+        """Whether a connection a statement failed on can run the next transaction."""
+        dbapi = conn.dbapi_connection
+        if self._sqlite:
+            return not dbapi.in_transaction
+        return not dbapi.closed and not dbapi.broken and dbapi.info.transaction_status == _PG_IDLE
 
     # -- conversions ---------------------------------------------------------------------------
 
@@ -752,11 +970,8 @@ class SQLStore:
 
     # -- writes --------------------------------------------------------------------------------
 
-    def _write(self, cur: Any, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
-        """Apply ``writes`` inside the open transaction, or raise :class:`_Rollback`."""
-        q = self.q
-        st = writes.state
-        params = {
+    def _state_params(self, conversation_id: str, st: ConversationState) -> dict[str, Any]:
+        return {
             "id": conversation_id,
             "version": st.version,
             "platform": st.platform,
@@ -766,6 +981,11 @@ class SQLStore:
             "due_at": self._ts(st.due_at),
             "state": st.body(),
         }
+
+    def _write(self, cur: Any, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
+        """Apply ``writes`` inside the open transaction, or raise :class:`_Rollback`."""
+        q = self.q
+        params = self._state_params(conversation_id, writes.state)
         if writes.create:
             if guard.version is not None:
                 raise _Rollback(Outcome.VERSION_CONFLICT)
@@ -780,7 +1000,9 @@ class SQLStore:
             conv = int(row[0])
             if guard.lease_owner is not None and row[1] != guard.lease_owner:
                 raise LeaseLostError(conversation_id)
-        if writes.messages:
+        if len(writes.messages) == 1:
+            cur.execute(q.insert_message, self._message_params(conv, writes.messages[0]))
+        elif writes.messages:
             cur.executemany(q.insert_message, [self._message_params(conv, m) for m in writes.messages])
         ids: list[int] = []
         for s in writes.summaries:
@@ -792,9 +1014,71 @@ class SQLStore:
                 raise _Rollback(Outcome.ROW_CONFLICT)
         return Committed(Outcome.COMMITTED, tuple(ids), writes)
 
-    def _saving(self, run: Callable[[Any], Committed]) -> Committed:
+    def _append_alone(self, cur: Any, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
+        """``writes`` (a state update and messages, nothing else) as one statement."""
+        params = self._state_params(conversation_id, writes.state)
+        params["expect"] = guard.version
+        if not writes.messages:
+            cur.execute(self.q.update_conversation, params)
+            done = cur.fetchone() is not None
+        elif len(writes.messages) == 1:
+            params.update(self._message_params(0, writes.messages[0]))
+            assert self.q.append_one is not None
+            cur.execute(self.q.append_one, params)
+            done = cur.rowcount == 1
+        else:
+            ms = writes.messages
+            ts = self._ts
+            params.update(
+                seqs=[m.sequence for m in ms],
+                roles=[m.role for m in ms],
+                ats=[ts(m.timestamp) for m in ms],
+                tokens=[m.token_count for m in ms],
+                fulls=[m.full_token_count for m in ms],
+                pins=[m.pinned for m in ms],
+                pin_keys=[m.pin_key for m in ms],
+                contents=[m.content for m in ms],
+                wires=[_json(m.wire) for m in ms],
+                metas=[_json(m.metadata) for m in ms],
+            )
+            assert self.q.append is not None
+            cur.execute(self.q.append, params)
+            done = cur.rowcount == len(ms)
+        return Committed(Outcome.COMMITTED, (), writes) if done else Committed(Outcome.VERSION_CONFLICT)
+
+    def _landed(self, cur: Any, conversation_id: str, writes: Writes | None) -> Committed | None:
+        """Whether ``writes`` are in the database already (an earlier attempt committed them): the
+        state row holds exactly their state document, at their version, stamped at their time."""
+        if writes is None:
+            return None
+        cur.execute(self.q.landed, {"id": conversation_id})
+        row = cur.fetchone()
+        st = writes.state
+        if (
+            row is None
+            or int(row[1]) != st.version
+            or self._dt(row[3]) != self._dt(self._ts(st.updated_at))
+            or row[2] != st.body()
+        ):
+            return None
+        ids = []
+        for x in writes.summaries:
+            cur.execute(self.q.summary_id, {"conv": row[0], "kind": x.kind, "ordinal": x.ordinal})
+            ids.append(int(cur.fetchone()[0]))
+        return Committed(Outcome.COMMITTED, tuple(ids), writes)
+
+    def _saving(
+        self,
+        conversation_id: str,
+        run: Callable[[Any], Committed],
+        attempted: Callable[[], Writes | None],
+        single: bool = False,
+    ) -> Committed:
+        """Run a write; on a retry, first check whether the ``attempted`` writes landed."""
         try:
-            return self._tx("saving", run, write=True)
+            return self._retried(
+                "saving", run, True, single, lambda cur: self._landed(cur, conversation_id, attempted())
+            )
         except _Rollback as r:
             return Committed(r.outcome)
         except StoreError as e:
@@ -803,7 +1087,23 @@ class SQLStore:
             raise
 
     def commit(self, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
-        return self._saving(lambda cur: self._write(cur, conversation_id, guard, writes))
+        if (
+            self.q.append is not None
+            and self._held is not None
+            and guard.version is not None
+            and guard.lease_owner is None
+            and not (writes.create or writes.summaries or writes.updates)
+        ):
+            # The reply path's common write (messages, or a context read's mark) in one round trip.
+            return self._saving(
+                conversation_id,
+                lambda cur: self._append_alone(cur, conversation_id, guard, writes),
+                lambda: writes,
+                True,
+            )
+        return self._saving(
+            conversation_id, lambda cur: self._write(cur, conversation_id, guard, writes), lambda: writes
+        )
 
     def update(
         self,
@@ -811,6 +1111,8 @@ class SQLStore:
         plan: Callable[[ConversationState | None], Writes | None],
         lease_owner: str | None = None,
     ) -> Committed:
+        attempted: list[Writes] = []
+
         def run(cur: Any) -> Committed:
             cur.execute(self.q.state_locked, {"id": conversation_id})
             row = cur.fetchone()
@@ -820,11 +1122,12 @@ class SQLStore:
             writes = plan(state)
             if writes is None:
                 return Committed(Outcome.COMMITTED)
+            attempted[:] = [writes]
             return self._write(
                 cur, conversation_id, Guard(None if state is None else state.version, lease_owner), writes
             )
 
-        return self._saving(run)
+        return self._saving(conversation_id, run, lambda: attempted[0] if attempted else None)
 
     def _classify_miss(self, cur: Any, conversation_id: str, guard: Guard) -> None:
         """The conditional update matched nothing: a lease lost is an error, a new version a retry."""
@@ -991,6 +1294,17 @@ def _first_varint(blob: bytes) -> int:
 
 def _json(value: Any) -> str | None:
     return None if not value else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _rollback_quietly(cur: Any) -> None:
+    """Roll back after a failure; if even that fails, the connection is judged (and dropped) later."""
+    with suppress(Exception):
+        cur.execute("ROLLBACK")
+
+
+def _is_busy(e: BaseException) -> bool:
+    """SQLite could not take a lock at once (SQLITE_BUSY or SQLITE_LOCKED)."""
+    return (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (5, 6)
 
 
 def _is_driver_error(e: BaseException) -> bool:
