@@ -71,8 +71,8 @@ def test_documented_defaults_named_in_the_issue() -> None:
     s = Settings.load(EXAMPLE)
     assert (s.tiers.current_topic, s.tiers.topic_summaries, s.tiers.bulk_archives) == (0.5, 0.3, 0.2)
     assert s.max_message_chars == 2000
-    assert s.topic_summary_tokens == 320
-    assert s.bulk_summary_tokens == 480
+    assert s.topic_summary_tokens == 200
+    assert s.bulk_summary_tokens == 300
     assert s.bulk_merge_size == 3
     assert s.silence_minutes == 30
     assert s.token_threshold == 0.6
@@ -115,7 +115,7 @@ def test_precedence_kwargs_over_env_over_yaml_over_defaults(
     assert s.summarizer.kind == "litellm"  # ... and keeps the YAML's sibling keys
     assert s.topic_summary_tokens == 150  # YAML beats the default
     assert s.tiers.current_topic == 0.6
-    assert s.bulk_summary_tokens == 480  # default
+    assert s.bulk_summary_tokens == 300  # default
 
 
 def test_nested_kwargs_merge_with_yaml(tmp_path: Path) -> None:
