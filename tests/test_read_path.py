@@ -17,6 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 from tiered_history import SyncHistoryCompressor
 from tiered_history.core.ranking import parse_query
 from tiered_history.errors import TransientStoreError
@@ -185,8 +187,9 @@ def test_sqlite_search_cost_does_not_grow_with_matching_rows(tmp_path: Path) -> 
     """Ten times as many messages holding the query's words cost about the same search."""
     costs = []
     for n in (400, 4000):
-        url = f"sqlite:///{tmp_path / f'{n}.db'}"
-        with SyncHistoryCompressor(url) as h:
+        # An engine passed in is checked out per transaction (not held), so _vm_steps sees it.
+        engine = sa.create_engine(f"sqlite:///{tmp_path / f'{n}.db'}")
+        with SyncHistoryCompressor(engine) as h:
             texts = [f"weather report {i} says rain again" for i in range(n)]
             h.add_messages(CID, [msg("user", t, i) for i, t in enumerate(texts)])
             store = h.reply.store

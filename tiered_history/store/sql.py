@@ -808,19 +808,11 @@ class SQLStore:
         meta = {int(r[0]): (int(r[1]), _first_varint(r[2])) for r in cur.fetchall()}
         if not meta:
             return []
-        if summary:
-            n = max(int(body.get("topics", 0)) + int(body.get("archives", 0)), len(meta))
-            avg = sum(dl for _, dl in meta.values()) / len(meta)
-        else:
-            n, avg = last, body.get("words", 0) / last
-        avg = max(avg, 1.0)
+        n, avg = _collection(summary, body, [dl for _, dl in meta.values()], last)
         coef: dict[tuple[str, ...], float] = {}
         holds: dict[int, list[tuple[str, ...]]] = {}
         for g, rows in newest.items():
-            df = float(len(rows))
-            if len(rows) >= cap and rows[-1] in meta:
-                # Capped: as many per message as among the messages since its oldest candidate.
-                df = cap * last / max(last - meta[rows[-1]][0] + 1, 1)
+            df = _df(len(rows), cap, last, meta[rows[-1]][0] if rows[-1] in meta else None)
             coef[g] = weights[g] * idf(n, min(round(df), n))
             for i in rows:
                 if i in meta:
@@ -885,17 +877,10 @@ class SQLStore:
             tf[(k, int(i))] = int(count)
         if not meta:
             return []
-        if summary:
-            n = max(int(body.get("topics", 0)) + int(body.get("archives", 0)), len(meta))
-            avg = sum(dl for _, dl in meta.values()) / len(meta)
-        else:
-            n, avg = last, body.get("words", 0) / last
-        avg = max(avg, 1.0)
+        n, avg = _collection(summary, body, [dl for _, dl in meta.values()], last)
         coef: dict[int, float] = {}
         for k, recencies in newest.items():
-            df = float(len(recencies))
-            if len(recencies) >= cap:  # capped: estimated as on SQLite
-                df = cap * last / max(last - min(recencies) + 1, 1)
+            df = _df(len(recencies), cap, last, min(recencies))
             coef[k] = weights[groups[k]] * idf(n, min(round(df), n))
         scores: dict[int, float] = {}
         for (k, i), count in tf.items():
@@ -1254,6 +1239,25 @@ class SQLStore:
             cur.execute(self.q.release, {"id": conversation_id, "owner": owner})
 
         self._tx("releasing a lease", run, write=True)
+
+
+def _collection(summary: bool, body: dict[str, Any], lengths: list[int], last: int) -> tuple[int, float]:
+    """BM25's document count and mean length: the conversation's own (kept in its state document)
+    for messages; for summaries, its topic and archive counts and the candidates' mean length."""
+    if summary:
+        n = max(int(body.get("topics", 0)) + int(body.get("archives", 0)), len(lengths))
+        avg = sum(lengths) / len(lengths)
+    else:
+        n, avg = last, body.get("words", 0) / last
+    return n, max(avg, 1.0)
+
+
+def _df(found: int, cap: int, last: int, oldest: int | None) -> float:
+    """A word's document frequency: the candidates found, or, when the cap cut them off, as many
+    per message as among the messages since its oldest candidate (``oldest``, a sequence)."""
+    if found < cap or oldest is None:
+        return float(found)
+    return cap * last / max(last - oldest + 1, 1)
 
 
 def _seq(m: StoredMessage) -> int:
