@@ -812,7 +812,8 @@ class SQLStore:
         coef: dict[tuple[str, ...], float] = {}
         holds: dict[int, list[tuple[str, ...]]] = {}
         for g, rows in newest.items():
-            df = _df(len(rows), cap, last, meta[rows[-1]][0] if rows[-1] in meta else None)
+            oldest = meta[rows[-1]][0] if rows and rows[-1] in meta else None
+            df = _df(len(rows), cap, last, oldest)
             coef[g] = weights[g] * idf(n, min(round(df), n))
             for i in rows:
                 if i in meta:
