@@ -358,3 +358,26 @@ async def test_worker_killed_at_random_points_during_maintenance(sql_url: str, t
             for budget in (150, 600, 3000):
                 check_context(await hc.get_context(cid, budget), budget)
         assert totals["archives"] >= 3
+
+
+async def test_a_pass_gives_its_lease_back_with_its_last_commit(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed right after its pass's last commit leaves no lease behind: the ``finish``
+    commit releases it in the same transaction (the separate release that follows never runs
+    here). Before, the lease stayed in the row, and a conversation that is not due is never
+    claimed again to clear it."""
+    async with HistoryCompressor(db_url, settings=crash_settings()) as hc:
+        sent = await _build_topics(hc, ["solo"], topics=4)
+        calls: list[str] = []
+
+        async def killed_before_release(owner: str, conversation_id: str) -> None:
+            calls.append(conversation_id)
+
+        monkeypatch.setattr(hc.store, "release", killed_before_release)
+        report = await hc.maintain()
+        assert report.summarized > 0 and not report.errors
+        assert calls == ["solo"]  # the separate release was reached (and did nothing here)
+        state = await hc.store.state("solo")
+        assert state is not None and state.lease_owner is None and state.lease_expires_at is None
+        await check_invariants(hc, "solo", sent["solo"])

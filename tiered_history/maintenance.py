@@ -182,7 +182,10 @@ class Maintenance:
             state = await self.store.state(cid) or state
             topics = await self.store.read_summaries(cid, "topic", state.topics_merged_upto)
             retry_at = transitions.next_retry(topics, self.max_attempts)
-            await self._commit(cid, state, lambda s: Writes(transitions.finish(s, rules, retry_at, now)))
+            # The pass's last commit gives the lease back with it (the release below is then a no-op).
+            await self._commit(
+                cid, state, lambda s: Writes(transitions.finish(s, rules, retry_at, now), release=True)
+            )
         except asyncio.CancelledError:
             # Give the conversation back now rather than when the lease expires.
             await asyncio.shield(self.store.release(owner, cid))

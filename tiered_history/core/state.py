@@ -475,6 +475,9 @@ class Writes:
     updates: tuple[SummaryUpdate, ...] = ()
     create: bool = False
     """Insert the conversation row (the first message of a new conversation)."""
+    release: bool = False
+    """Give the guard's lease back in the same transaction (a maintenance pass's last commit: a
+    worker killed right after it leaves no lease behind)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -285,6 +285,8 @@ class MemoryStore:
             lease = (
                 (conv.state.lease_owner, conv.state.lease_expires_at) if conv is not None else (None, None)
             )
+            if writes.release and guard.lease_owner is not None and lease[0] == guard.lease_owner:
+                lease = (None, None)
             if conv is None:
                 conv = self._convs[conversation_id] = _Conversation(writes.state)
             conv.state = replace(writes.state, lease_owner=lease[0], lease_expires_at=lease[1])

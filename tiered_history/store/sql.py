@@ -986,6 +986,8 @@ class SQLStore:
             conv = int(row[0])
             if guard.lease_owner is not None and row[1] != guard.lease_owner:
                 raise LeaseLostError(conversation_id)
+            if writes.release and guard.lease_owner is not None:
+                cur.execute(q.release, {"id": conversation_id, "owner": guard.lease_owner})
         if len(writes.messages) == 1:
             cur.execute(q.insert_message, self._message_params(conv, writes.messages[0]))
         elif writes.messages:
