@@ -67,6 +67,13 @@ class Query:
     def weight(self, i: int) -> float:
         return self.weights[i] if i < len(self.weights) else 1.0
 
+    def group_weights(self) -> dict[tuple[str, ...], float]:
+        """Each distinct group with the sum of its weights (a group given twice counts twice)."""
+        out: dict[tuple[str, ...], float] = {}
+        for i, g in enumerate(self.groups):
+            out[g] = out.get(g, 0.0) + self.weight(i)
+        return out
+
 
 def parse_query(text: str) -> Query:
     """User text as a query (see the module docstring)."""

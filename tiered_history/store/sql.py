@@ -792,9 +792,7 @@ class SQLStore:
         body = json.loads(row[9])
         last = max(int(body["last"]), 1)
         cap = max(CANDIDATES_PER_WORD, limit)
-        weights: dict[tuple[str, ...], float] = {}
-        for i, g in enumerate(query.groups):
-            weights[g] = weights.get(g, 0.0) + query.weight(i)
+        weights = query.group_weights()
         newest: dict[tuple[str, ...], list[int]] = {}
         for g in weights:
             # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
@@ -864,9 +862,7 @@ class SQLStore:
         body = json.loads(row[9])
         last = max(int(body["last"]), 1)
         cap = max(CANDIDATES_PER_WORD, limit)
-        weights: dict[tuple[str, ...], float] = {}
-        for i, g in enumerate(query.groups):
-            weights[g] = weights.get(g, 0.0) + query.weight(i)
+        weights = query.group_weights()
         groups = list(weights)
         cur.execute(self.q.pg_candidates(groups, summary), {"conv": conv, "cap": cap})
         newest: dict[int, list[int]] = {}
