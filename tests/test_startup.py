@@ -37,19 +37,9 @@ NOT_ON_IMPORT = (
     "pydantic_settings",
     "dotenv",
 )
-#: Never loaded by importing the compressors (the store loads sqlalchemy when it opens a database).
-NOT_WITH_THE_COMPRESSORS = (
-    "sqlalchemy",
-    "alembic",
-    "litellm",
-    "tiktoken",
-    "apscheduler",
-    "rich",
-    "typer",
-    "yaml",
-    "pydantic_settings",
-    "dotenv",
-)
+#: Never loaded by importing the compressors (the store loads sqlalchemy when it opens a database):
+#: everything above but asyncio and pydantic, which the compressors' own modules need.
+NOT_WITH_THE_COMPRESSORS = tuple(m for m in NOT_ON_IMPORT if m not in {"pydantic", "asyncio"})
 
 
 def _loaded(code: str, env: dict[str, str] | None = None) -> set[str]:
