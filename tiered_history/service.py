@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from .core.assembly import Recalled, Rows, Shares, assemble
 from .core.boundaries import BoundaryRules, reply_sequence
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 T = TypeVar("T")
+V = TypeVar("V")
 
 #: Optimistic attempts at a write before planning it under the conversation's lock instead.
 OPTIMISTIC_ATTEMPTS = 3
@@ -90,6 +91,41 @@ log = logging.getLogger(__name__)
 RECALL_MIN_SCORE = 1.0
 
 
+class _Lru(Generic[V]):
+    """A bounded map, safe across threads: the least recently used entry leaves first."""
+
+    def __init__(self, size: int) -> None:
+        self._items: OrderedDict[str, V] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, key: str, accept: Callable[[V], bool] | None = None) -> V | None:
+        """The entry (None when absent or not ``accept``-ed); a returned entry counts as used."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is None or (accept is not None and not accept(value)):
+                return None
+            self._items.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: V, keep_old: Callable[[V], bool] | None = None) -> None:
+        """Store ``value`` (not when ``keep_old`` says the entry there should stay)."""
+        if self._size <= 0:
+            return
+        with self._lock:
+            old = self._items.get(key)
+            if old is not None and keep_old is not None and keep_old(old):
+                return
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def pop(self, key: str) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+
 class StateCache:
     """The newest state this process saw of each recent conversation.
 
@@ -98,30 +134,17 @@ class StateCache:
     """
 
     def __init__(self, size: int = STATE_CACHE) -> None:
-        self._states: OrderedDict[str, ConversationState] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
+        self._states: _Lru[ConversationState] = _Lru(size)
 
     def get(self, conversation_id: str) -> ConversationState | None:
-        with self._lock:
-            state = self._states.get(conversation_id)
-            if state is not None:
-                self._states.move_to_end(conversation_id)
-            return state
+        return self._states.get(conversation_id)
 
     def put(self, state: ConversationState) -> None:
-        with self._lock:
-            old = self._states.get(state.id)
-            if old is not None and old.version > state.version:
-                return  # a newer one is known already
-            self._states[state.id] = state
-            self._states.move_to_end(state.id)
-            while len(self._states) > self._size:
-                self._states.popitem(last=False)
+        # A newer one known already stays.
+        self._states.put(state.id, state, keep_old=lambda old: old.version > state.version)
 
     def forget(self, conversation_id: str) -> None:
-        with self._lock:
-            self._states.pop(conversation_id, None)
+        self._states.pop(conversation_id)
 
 
 class ContextCache:
@@ -135,49 +158,29 @@ class ContextCache:
     """
 
     def __init__(self, size: int = CONTEXT_CACHE) -> None:
-        self._entries: OrderedDict[str, tuple[object, ConversationState, CompressedContext]] = OrderedDict()
-        self._windows: OrderedDict[str, tuple[int, list[StoredMessage]]] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
+        self._entries: _Lru[tuple[object, ConversationState, CompressedContext]] = _Lru(size)
+        self._windows: _Lru[tuple[int, list[StoredMessage]]] = _Lru(size)
 
     def get(self, conversation_id: str, asked: object) -> tuple[ConversationState, CompressedContext] | None:
-        with self._lock:
-            entry = self._entries.get(conversation_id)
-            if entry is None or entry[0] != asked:
-                return None
-            self._entries.move_to_end(conversation_id)
-            return entry[1], entry[2]
+        entry = self._entries.get(conversation_id, accept=lambda e: e[0] == asked)
+        return None if entry is None else (entry[1], entry[2])
 
     def put(
         self, conversation_id: str, asked: object, state: ConversationState, ctx: CompressedContext
     ) -> None:
-        if self._size <= 0:
-            return
-        with self._lock:
-            self._entries[conversation_id] = (asked, state, ctx)
-            self._entries.move_to_end(conversation_id)
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+        self._entries.put(conversation_id, (asked, state, ctx))
 
     def forget(self, conversation_id: str) -> None:
-        with self._lock:
-            self._entries.pop(conversation_id, None)
-            self._windows.pop(conversation_id, None)
+        self._entries.pop(conversation_id)
+        self._windows.pop(conversation_id)
 
     def window(self, conversation_id: str, token_cap: int) -> list[StoredMessage] | None:
         """The recent window last read for this conversation with ``token_cap``, oldest first."""
-        with self._lock:
-            found = self._windows.get(conversation_id)
-            return found[1] if found is not None and found[0] == token_cap else None
+        found = self._windows.get(conversation_id, accept=lambda w: w[0] == token_cap)
+        return None if found is None else found[1]
 
     def keep_window(self, conversation_id: str, token_cap: int, window: list[StoredMessage]) -> None:
-        if self._size <= 0:
-            return
-        with self._lock:
-            self._windows[conversation_id] = (token_cap, window)
-            self._windows.move_to_end(conversation_id)
-            while len(self._windows) > self._size:
-                self._windows.popitem(last=False)
+        self._windows.put(conversation_id, (token_cap, window))
 
 
 def _copied(ctx: CompressedContext, max_tokens: int) -> CompressedContext:
