@@ -507,7 +507,7 @@ class SQLStore:
         except (StoreError, LeaseLostError, _Rollback):
             raise
         except Exception as e:
-            if isinstance(e, sa.exc.SQLAlchemyError) or _is_driver_error(e):
+            if _is_db_error(e):
                 raise translate(e, action) from None
             raise
 
@@ -520,7 +520,7 @@ class SQLStore:
         try:
             conn, cur = held.get(nowait)
         except Exception as e:
-            if isinstance(e, sa.exc.SQLAlchemyError) or _is_driver_error(e):
+            if _is_db_error(e):
                 raise translate(e, action) from None
             raise
         ok = False
@@ -541,7 +541,7 @@ class SQLStore:
             ok = True  # raised by ``fn`` after a clean rollback: the connection is fine
             raise
         except Exception as e:
-            if isinstance(e, sa.exc.SQLAlchemyError) or _is_driver_error(e):
+            if _is_db_error(e):
                 ok = self._usable(conn)
                 if not ok and not self._sqlite:
                     held.close()  # the server restarted or dropped us: the idle ones are gone too
@@ -1310,7 +1310,10 @@ def _is_busy(e: BaseException) -> bool:
     return (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (5, 6)
 
 
-def _is_driver_error(e: BaseException) -> bool:
-    """A DB-API error of sqlite3 or psycopg (they share no base class we can import cheaply)."""
+def _is_db_error(e: BaseException) -> bool:
+    """An error of SQLAlchemy's or of the DB-API drivers, sqlite3 and psycopg (they share no base
+    class we can import cheaply): what :func:`~.dialect.translate` turns into our errors."""
+    if isinstance(e, sa.exc.SQLAlchemyError):
+        return True
     module = type(e).__module__
     return module.startswith(("sqlite3", "psycopg")) or module == "_sqlite3"
