@@ -27,7 +27,7 @@ exceeds ``max_tokens``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -404,23 +404,24 @@ def assemble(
         if spare <= 0:
             return blocks
         bulk, topic = blocks
+
+        def grown(block: _Block, candidates: Iterable[Summary]) -> _Block:
+            """``block`` with those of ``candidates`` it lacks that fit in ``spare`` more tokens,
+            or ``block`` itself unless that adds to it and keeps all it held."""
+            ids = {x.id for x in block.items}
+            extra = [x for x in candidates if x.id not in ids]
+            more = _fill(block.tier, [*block.items, *extra], block.tokens + spare, measure)
+            return more if more.tokens > block.tokens and ids <= {x.id for x in more.items} else block
+
         # Blocks kept from the previous start only grow at their end: their text stays a prefix.
         after = max((x.first_sequence for x in topic.items), default=0) if append else 0
-        ids = {x.id for x in topic.items}
-        extra = [t for t in ranked(i) if t.id not in ids and t.first_sequence > after]
-        more = _fill("topic", [*topic.items, *extra], topic.tokens + spare, measure)
-        if more.tokens > topic.tokens and ids <= {x.id for x in more.items}:
-            spare -= more.tokens - topic.tokens
-            topic = more
+        more = grown(topic, (t for t in ranked(i) if t.first_sequence > after))
+        spare -= more.tokens - topic.tokens
+        topic = more
         if append:
             return bulk, topic
         first = units[i][0].sequence
-        ids = {x.id for x in bulk.items}
-        extra = [a for a in reversed(rows.archives) if a.last_sequence < first and a.id not in ids]
-        more = _fill("bulk", [*bulk.items, *extra], bulk.tokens + spare, measure)
-        if more.tokens > bulk.tokens and ids <= {x.id for x in more.items}:
-            bulk = more
-        return bulk, topic
+        return grown(bulk, (a for a in reversed(rows.archives) if a.last_sequence < first)), topic
 
     step = max(int(limit * shares.anchor), 1)
     chosen, (archives, topics) = _choose(
