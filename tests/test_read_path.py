@@ -162,6 +162,87 @@ def test_search_past_the_candidate_cap_returns_the_best_and_newest(sql_url: str)
         assert [x.score for x in hits] == sorted((x.score for x in hits), reverse=True)
 
 
+def _ranked(store: SQLStore, text: str, kind: str, limit: int) -> list[tuple[int, float]]:
+    from tiered_history.core.ranking import recall_query
+
+    q = recall_query(text) if kind != "message" else parse_query(text)
+    return [
+        ((x.message.sequence if x.message else x.summary.id if x.summary else 0), round(x.score, 9))
+        for x in store.search(CID, q, limit, kind=kind)
+    ]
+
+
+def test_kept_candidates_rank_what_a_fresh_search_ranks(sql_url: str) -> None:
+    """Candidate lists kept between searches (brought up to date with the messages written since,
+    dropped when the summaries change or the conversation is made again) rank exactly what a
+    store keeping nothing ranks, while another writer appends, seals, summarises and deletes."""
+    import random
+
+    from tiered_history.store.recall import CandidateCache
+
+    rng = random.Random(5)
+    vocab = ["ferry", "kite", "budget", "oven", "zanzibar", "lantern", "pasta", "harbour", "rain", "code"]
+    with (
+        SyncHistoryCompressor(sql_url) as kept,
+        SyncHistoryCompressor(sql_url) as writer,
+        SyncHistoryCompressor(sql_url) as fresh,
+    ):
+        ks, fs = kept.reply.store, fresh.reply.store
+        assert isinstance(ks, SQLStore) and isinstance(fs, SQLStore)
+        i = 0
+        for step in range(70):
+            burst = rng.choice([1, 1, 2, 5, 90])  # 90: more new matches than a list holds
+            batch = []
+            for _ in range(burst):
+                i += 1
+                text = " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 9)))
+                batch.append(msg("user" if i % 2 else "assistant", text, i))
+            writer.add_messages(CID, batch)
+            if step % 9 == 4:
+                writer.seal_current_topic(CID)  # a pending topic: not searchable yet
+            if step % 9 == 6:
+                writer.maintain(CID)  # its summary: searchable
+            if step == 40:
+                writer.delete_conversation(CID)
+                i = 0
+                writer.add_message(CID, msg("user", "ferry kite budget after the deletion", 0))
+            for _ in range(2):
+                query = " ".join(rng.sample(vocab, rng.randint(1, 4)))
+                for kind, limit in (("message", 8), ("summary", 4)):
+                    fs._recall = CandidateCache()
+                    assert _ranked(ks, query, kind, limit) == _ranked(fs, query, kind, limit), (
+                        step,
+                        query,
+                        kind,
+                    )
+
+
+def test_kept_summary_candidates_are_dropped_when_maintenance_changes_the_summaries(sql_url: str) -> None:
+    """A sealed topic is pending (not searchable) until maintenance summarises it: a search kept
+    from before sees the summary after, although no message was written in between."""
+    now = datetime.now(UTC)  # recent: maintenance must not seal the open topic for its silence
+
+    def recent(text: str, i: int) -> dict[str, Any]:
+        return {"role": "user", "content": text, "timestamp": now - timedelta(seconds=60 - i)}
+
+    with SyncHistoryCompressor(sql_url) as kept, SyncHistoryCompressor(sql_url) as writer:
+        store = kept.reply.store
+        assert isinstance(store, SQLStore)
+        writer.add_messages(
+            CID, [recent(f"the zanzibar ferry leaves at {9 + i} tomorrow", i) for i in range(6)]
+        )
+        writer.seal_current_topic(CID)
+        writer.add_message(CID, recent("now something else entirely", 7))
+        assert _ranked(store, "zanzibar ferry", "summary", 4) == []  # pending: nothing to find
+        before = writer.reply.store.read_state(CID)
+        writer.maintain(CID)
+        after = writer.reply.store.read_state(CID)
+        assert before is not None and after is not None and after.topic_start_seq == before.topic_start_seq
+        assert [i for i, _ in _ranked(store, "zanzibar ferry", "summary", 4)] == [
+            x.id for x in writer.get_history(CID).topics if x.content
+        ]
+
+
 def _vm_steps(store: SQLStore, run: Callable[[], Any]) -> int:
     """SQLite virtual-machine steps ``run`` costs (counted by a progress handler on every connection)."""
     steps = [0]

@@ -11,13 +11,11 @@ lives in :mod:`.maintenance`, summarising in :mod:`.summarizers.pipeline`.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .core.assembly import Recalled, Rows, Shares, assemble
 from .core.boundaries import BoundaryRules, reply_sequence
@@ -43,6 +41,7 @@ from .errors import (
     TransientStoreError,
 )
 from .exchange import check_tool_units, export_lines, pin_key, read_export, summaries_of
+from .lru import Lru
 from .messages import normalize_message
 from .models import (
     NO_CONTENT,
@@ -91,41 +90,6 @@ log = logging.getLogger(__name__)
 RECALL_MIN_SCORE = 1.0
 
 
-class _Lru(Generic[V]):
-    """A bounded map, safe across threads: the least recently used entry leaves first."""
-
-    def __init__(self, size: int) -> None:
-        self._items: OrderedDict[str, V] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def get(self, key: str, accept: Callable[[V], bool] | None = None) -> V | None:
-        """The entry (None when absent or not ``accept``-ed); a returned entry counts as used."""
-        with self._lock:
-            value = self._items.get(key)
-            if value is None or (accept is not None and not accept(value)):
-                return None
-            self._items.move_to_end(key)
-            return value
-
-    def put(self, key: str, value: V, keep_old: Callable[[V], bool] | None = None) -> None:
-        """Store ``value`` (not when ``keep_old`` says the entry there should stay)."""
-        if self._size <= 0:
-            return
-        with self._lock:
-            old = self._items.get(key)
-            if old is not None and keep_old is not None and keep_old(old):
-                return
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
-
-    def pop(self, key: str) -> None:
-        with self._lock:
-            self._items.pop(key, None)
-
-
 class StateCache:
     """The newest state this process saw of each recent conversation.
 
@@ -134,7 +98,7 @@ class StateCache:
     """
 
     def __init__(self, size: int = STATE_CACHE) -> None:
-        self._states: _Lru[ConversationState] = _Lru(size)
+        self._states: Lru[ConversationState] = Lru(size)
 
     def get(self, conversation_id: str) -> ConversationState | None:
         return self._states.get(conversation_id)
@@ -158,8 +122,8 @@ class ContextCache:
     """
 
     def __init__(self, size: int = CONTEXT_CACHE) -> None:
-        self._entries: _Lru[tuple[object, ConversationState, CompressedContext]] = _Lru(size)
-        self._windows: _Lru[tuple[int, list[StoredMessage]]] = _Lru(size)
+        self._entries: Lru[tuple[object, ConversationState, CompressedContext]] = Lru(size)
+        self._windows: Lru[tuple[int, list[StoredMessage]]] = Lru(size)
 
     def get(self, conversation_id: str, asked: object) -> tuple[ConversationState, CompressedContext] | None:
         entry = self._entries.get(conversation_id, accept=lambda e: e[0] == asked)

@@ -135,6 +135,8 @@ summaries = sa.Table(
 sa.Index(
     "ux_summaries_conv_kind_ordinal", summaries.c.conv, summaries.c.kind, summaries.c.ordinal, unique=True
 )
+# Search walks a conversation's newest summaries backwards (migration 0003).
+sa.Index("ix_summaries_conv_last_seq", summaries.c.conv, summaries.c.last_seq)
 
 #: Objects the migrations create by hand, per dialect, and autogenerate must not compare.
 FULL_TEXT = {

@@ -13,15 +13,14 @@ import json
 import os
 import re
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from ..core.ranking import K1, B, Query, idf, phrase_count, words
+from ..core.ranking import Query, phrase_count, words
 from ..core.state import (
     Committed,
     ConversationState,
@@ -47,6 +46,7 @@ from .base import (
 )
 from .dialect import Capabilities, capabilities, create_engine, is_integrity_error, prepare_engine, translate
 from .memory import ADDITIVE
+from .recall import CANDIDATES_PER_WORD, CandidateCache, Candidates, Group, candidates, collection, rank
 
 T = TypeVar("T")
 _FIRST_PAGE = 16
@@ -65,9 +65,6 @@ _STATE_COLS = (
     "key, id, version, platform, encoding, created_at, updated_at, lease_owner, lease_expires_at, state"
 )
 
-#: Search bound: each query word's newest matching rows of a conversation that are ranked (at
-#: least as many as the results asked for), on SQLite and PostgreSQL.
-CANDIDATES_PER_WORD = 64
 #: Idle connections kept for transactions tried without waiting (event loops use them).
 NOWAIT_CONNECTIONS = 2
 #: psycopg's ``TransactionStatus.IDLE``: no transaction open on the connection.
@@ -178,6 +175,18 @@ class Statements:
             newest = "SELECT rowid FROM {0}_fts WHERE {0}_fts MATCH :q ORDER BY rowid DESC LIMIT :lim"
             self.fts_messages = newest.format("messages")
             self.fts_summaries = newest.format("summaries")
+            # A word's matches among the messages written since a list of them was kept.
+            self.fts_messages_after = (
+                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH :q AND rowid > :after "
+                "ORDER BY rowid DESC LIMIT :lim"
+            )
+            self.message_id_at = "SELECT id FROM messages WHERE conv = :conv AND seq = :seq"
+            self.fts_text_messages = (
+                "SELECT id, content FROM messages WHERE id IN (SELECT value FROM json_each(:ids))"
+            )
+            self.fts_text_summaries = (
+                "SELECT id, content FROM summaries WHERE id IN (SELECT value FROM json_each(:ids))"
+            )
             # Each candidate's recency and its length in words (FTS5's own count, in its docsize table).
             self.fts_meta_messages = (
                 "SELECT m.id, m.seq, d.sz FROM messages m JOIN messages_fts_docsize d ON d.id = m.id "
@@ -243,10 +252,13 @@ class Statements:
         self._updates: dict[tuple[Any, ...], str] = {}
         self._lock = threading.Lock()
 
-    def pg_candidates(self, groups: Sequence[tuple[str, ...]], summary: bool) -> str:
+    def pg_candidates(
+        self, groups: Sequence[tuple[str, ...]], summary: bool, after: Sequence[int | None] | None = None
+    ) -> str:
         """PostgreSQL: per query group k, its newest :cap matching rows of the conversation as
-        (k, id, recency, length, count), the count being the group's rarest word's. The words are
-        written into the statement (letters and digits only, nothing to escape), so that the
+        (k, id, recency, length, count), the count being the group's rarest word's; with
+        ``after[k]``, only rows after that sequence (a kept list is brought up to date). The words
+        are written into the statement (letters and digits only, nothing to escape), so that the
         planner sees each one: a rare word is looked up in the GIN index, a common one found by
         walking the conversation's newest rows backwards until :cap of them match."""
         table, order = ("summaries", "x.last_seq") if summary else ("messages", "x.seq")
@@ -256,9 +268,11 @@ class Statements:
             # Indexed words carry a "w" prefix (see migration 0002): so do the query's.
             tsq = " <-> ".join(f"''w{w}''" for w in g)
             lexemes = ", ".join(f"'w{w}'" for w in g)
+            since = "" if after is None or after[k] is None else f" AND {order} > {int(after[k] or 0)}"
             branches.append(
                 f"(SELECT {k} AS k, x.id, {order} AS r, x.tsv FROM {table} x WHERE x.conv = %(conv)s"
-                f"{live} AND x.tsv @@ to_tsquery('simple', '{tsq}') ORDER BY {order} DESC LIMIT %(cap)s)"
+                f"{live}{since} AND x.tsv @@ to_tsquery('simple', '{tsq}') "
+                f"ORDER BY {order} DESC LIMIT %(cap)s)"
             )
             counts.append(f"WHEN {k} THEN ARRAY[{lexemes}]")
         # One pass over each candidate's tsvector gives its length and the group's count.
@@ -404,6 +418,8 @@ class SQLStore:
         self._migrate = migrate
         self.q = Statements(self.caps.name)
         self._sqlite = self.caps.name == "sqlite"
+        #: Each recent query word's newest matching rows per conversation (see :mod:`.recall`).
+        self._recall = CandidateCache()
         #: In-memory SQLite: one shared connection, so callers must take turns (one thread).
         self.single_connection = self.caps.single_connection
         # An engine made here is used through connections held across transactions; one a caller
@@ -777,120 +793,135 @@ class SQLStore:
 
         return self._tx("searching", run, write=False)
 
+    def _lists(
+        self, row: Sequence[Any], kind: str, groups: Sequence[Group], cap: int, upto: Any
+    ) -> tuple[dict[Group, Candidates], dict[Group, Candidates | None]]:
+        """The candidate lists kept for ``groups`` that still hold, and the rest: ``None`` to search
+        from scratch, or a message list to bring up to date (it covers messages up to its ``upto``)."""
+        conversation = f"{row[0]}:{row[5]}"
+        kept: dict[Group, Candidates] = {}
+        stale: dict[Group, Candidates | None] = {}
+        for g in groups:
+            c = self._recall.get(CandidateCache.key(conversation, kind, g))
+            if c is None or c.cap != cap:
+                stale[g] = None
+            elif c.upto == upto:
+                kept[g] = c
+            elif kind == "message" and c.upto < upto:
+                stale[g] = c
+            else:
+                stale[g] = None
+        return kept, stale
+
+    def _keep(self, row: Sequence[Any], kind: str, lists: Mapping[Group, Candidates]) -> None:
+        conversation = f"{row[0]}:{row[5]}"
+        for g, c in lists.items():
+            self._recall.put(CandidateCache.key(conversation, kind, g), c)
+
     def _search_fts(
         self, cur: Any, conv: int, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
     ) -> list[Hit]:
-        """BM25 over a bounded candidate set (SQLite): each query word's newest matching rows.
-
-        A word's document frequency is exact below the cap; above it, it is estimated from how far
-        back its newest rows reach. N and the average length come from the conversation (messages:
-        its state; summaries: its topic and archive counts and the candidates' lengths). Only the
-        candidates that could still be among the best ``limit`` (by a bound computed from the words
-        each holds and its length) have their text read and counted exactly."""
+        """BM25 over each query word's newest matching rows (SQLite; see :mod:`.recall`): FTS5
+        finds them, its docsize table gives their lengths, and only the texts of candidates that
+        could still be among the best ``limit`` are read to count the words."""
         q = self.q
         summary = kind != "message"
         body = json.loads(row[9])
         last = max(int(body["last"]), 1)
         cap = max(CANDIDATES_PER_WORD, limit)
         weights = query.group_weights()
-        newest: dict[tuple[str, ...], list[int]] = {}
-        for g in weights:
-            # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
-            match = f'conv : "{conv}" AND content : "{" ".join(g)}"'
-            cur.execute(q.fts_summaries if summary else q.fts_messages, {"q": match, "lim": cap})
-            newest[g] = [int(r[0]) for r in cur.fetchall()]
-        ids = sorted({i for rows in newest.values() for i in rows})
-        if not ids:
-            return []
-        cur.execute(q.fts_meta_summaries if summary else q.fts_meta_messages, {"ids": json.dumps(ids)})
-        meta = {int(r[0]): (int(r[1]), _first_varint(r[2])) for r in cur.fetchall()}
-        if not meta:
-            return []
-        n, avg = _collection(summary, body, [dl for _, dl in meta.values()], last)
-        coef: dict[tuple[str, ...], float] = {}
-        holds: dict[int, list[tuple[str, ...]]] = {}
-        for g, rows in newest.items():
-            oldest = meta[rows[-1]][0] if rows and rows[-1] in meta else None
-            df = _df(len(rows), cap, last, oldest)
-            coef[g] = weights[g] * idf(n, min(round(df), n))
-            for i in rows:
-                if i in meta:
-                    holds.setdefault(i, []).append(g)
+        upto = _summary_key(body) if summary else last
+        lists, stale = self._lists(row, kind, list(weights), cap, upto)
+        if stale:
+            after = 0
+            if not summary:
+                cur.execute(q.message_id_at, {"conv": conv, "seq": last})
+                found_id = cur.fetchone()
+                after = int(found_id[0]) if found_id else 0
+            found: dict[Group, list[int]] = {}
+            for g, old in stale.items():
+                # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
+                match = f'conv : "{conv}" AND content : "{" ".join(g)}"'
+                if summary:
+                    cur.execute(q.fts_summaries, {"q": match, "lim": cap})
+                elif old is None or not old.after:
+                    cur.execute(q.fts_messages, {"q": match, "lim": cap})
+                else:
+                    cur.execute(q.fts_messages_after, {"q": match, "lim": cap, "after": old.after})
+                found[g] = [int(r[0]) for r in cur.fetchall()]
+            ids = sorted({i for rows in found.values() for i in rows})
+            meta: dict[int, tuple[int, int]] = {}
+            if ids:
+                cur.execute(
+                    q.fts_meta_summaries if summary else q.fts_meta_messages, {"ids": json.dumps(ids)}
+                )
+                meta = {int(r[0]): (int(r[1]), _first_varint(r[2])) for r in cur.fetchall()}
+            fresh: dict[Group, Candidates] = {}
+            for g, rows in found.items():
+                c = candidates(cap, upto, [(i, *meta[i], 0) for i in rows if i in meta], len(rows), after)
+                old = stale[g]
+                fresh[g] = old.merged(c) if old is not None and not summary else c
+            lists.update(fresh)
+            self._keep(row, kind, fresh)
+        n, avg = collection(summary, body, _lengths(lists), last)
+        counts: list[Callable[[str], Callable[[Group], int]]] = []
 
-        def sat(tf: int, dl: int) -> float:
-            return tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * dl / avg))
+        def count(batch: list[int]) -> dict[int, Callable[[Group], int]]:
+            if not counts:
+                counts.append(_counter(list(weights)))
+            cur.execute(q.fts_text_summaries if summary else q.fts_text_messages, {"ids": json.dumps(batch)})
+            return {int(r[0]): counts[0](r[1]) for r in cur.fetchall()}
 
-        # The best ``limit`` by BM25 without reading every candidate's text: visit them by an upper
-        # bound of their score (the words each holds, each as often as its length allows) and stop
-        # once no bound left can reach the ``limit``-th score found.
-        high: dict[int, float] = {}
-        most: dict[int, dict[tuple[str, ...], int]] = {}
-        for i, gs in holds.items():
-            dl = max(meta[i][1], 1)
-            most[i] = {g: max((dl - len(gs) + 1) // len(g), 1) for g in gs}
-            high[i] = sum(coef[g] * sat(most[i][g], dl) for g in gs)
-        order = sorted(holds, key=lambda i: -high[i])
-        counts = _counter(list(weights))
-        best: list[tuple[float, int, Sequence[Any]]] = []
-        kth, pos, step = float("-inf"), 0, limit + 8
-        rows_sql = q.fts_rows_summaries if summary else q.fts_rows_messages
-        while pos < len(order) and high[order[pos]] >= kth:
-            batch = order[pos : pos + step]
-            pos += len(batch)
-            cur.execute(rows_sql, {"ids": json.dumps(batch)})
-            for r in cur.fetchall():
-                i = int(r[0])
-                tf = counts(r[5] if summary else r[8])
-                dl = max(meta[i][1], 1)
-                score = sum(coef[g] * sat(min(max(tf(g), 1), most[i][g]), dl) for g in holds[i])
-                best.append((score, meta[i][0], r))
-            best.sort(key=lambda x: (-x[0], -x[1]))
-            del best[limit:]
-            if len(best) >= limit:
-                kth = best[-1][0]
-        if summary:
-            return [Hit(score, summary=self._summary(cid, r)) for score, _, r in best]
-        return [Hit(score, message=self._message(cid, r[1:])) for score, _, r in best]
+        best = rank(lists, weights, n, avg, last, limit, count)
+        return self._hits(cur, conv, cid, best, summary)
 
     def _search_pg(
         self, cur: Any, conv: int, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
     ) -> list[Hit]:
-        """BM25 over a bounded candidate set (PostgreSQL), in one statement: each query word's
-        newest matching rows of the conversation with their lengths and the word's count, from
-        the tsvector (then one read of the best ``limit`` rows). Statistics as on SQLite."""
+        """BM25 over each query word's newest matching rows (PostgreSQL; see :mod:`.recall`): one
+        statement finds the rows not kept yet with their lengths and the word's count, from the
+        tsvector. Statistics as on SQLite."""
         summary = kind != "message"
         body = json.loads(row[9])
         last = max(int(body["last"]), 1)
         cap = max(CANDIDATES_PER_WORD, limit)
         weights = query.group_weights()
-        groups = list(weights)
-        cur.execute(self.q.pg_candidates(groups, summary), {"conv": conv, "cap": cap})
-        newest: dict[int, list[int]] = {}
-        meta: dict[int, tuple[int, int]] = {}
-        tf: dict[tuple[int, int], int] = {}
-        for k, i, recency, dl, count in cur.fetchall():
-            newest.setdefault(k, []).append(int(recency))
-            meta[int(i)] = (int(recency), int(dl))
-            tf[(k, int(i))] = int(count)
-        if not meta:
+        upto = _summary_key(body) if summary else last
+        lists, stale = self._lists(row, kind, list(weights), cap, upto)
+        if stale:
+            groups = list(stale)
+            since = [None if old is None else int(old.upto) for old in stale.values()]
+            cur.execute(self.q.pg_candidates(groups, summary, since), {"conv": conv, "cap": cap})
+            per: dict[int, list[tuple[int, int, int, int]]] = {}
+            for k, i, recency, dl, count in cur.fetchall():
+                per.setdefault(int(k), []).append((int(i), int(recency), int(dl), int(count)))
+            fresh: dict[Group, Candidates] = {}
+            for k, g in enumerate(groups):
+                rows = sorted(per.get(k, []), key=lambda x: (-x[1], -x[0]))
+                # Read committed: rows written after the state was read wait for the next call.
+                kept = rows if summary else [x for x in rows if x[1] <= last]
+                c = candidates(cap, upto, kept, len(rows))
+                old = stale[g]
+                fresh[g] = old.merged(c) if old is not None and not summary else c
+            lists.update(fresh)
+            self._keep(row, kind, fresh)
+        n, avg = collection(summary, body, _lengths(lists), last)
+        best = rank(lists, weights, n, avg, last, limit, None)
+        return self._hits(cur, conv, cid, best, summary)
+
+    def _hits(self, cur: Any, conv: int, cid: str, best: list[tuple[float, int]], summary: bool) -> list[Hit]:
+        """The rows of the best candidates, in their order."""
+        if not best:
             return []
-        n, avg = _collection(summary, body, [dl for _, dl in meta.values()], last)
-        coef: dict[int, float] = {}
-        for k, recencies in newest.items():
-            df = _df(len(recencies), cap, last, min(recencies))
-            coef[k] = weights[groups[k]] * idf(n, min(round(df), n))
-        scores: dict[int, float] = {}
-        for (k, i), count in tf.items():
-            dl = max(meta[i][1], 1)
-            norm = K1 * (1.0 - B + B * dl / avg)
-            scores[i] = scores.get(i, 0.0) + coef[k] * count * (K1 + 1.0) / (count + norm)
-        best = sorted(scores, key=lambda i: (-scores[i], -meta[i][0]))[:limit]
-        q = self.q
-        cur.execute(q.pg_rows_summaries if summary else q.pg_rows_messages, {"conv": conv, "ids": best})
+        q, ids = self.q, [i for _, i in best]
+        if self._sqlite:
+            cur.execute(q.fts_rows_summaries if summary else q.fts_rows_messages, {"ids": json.dumps(ids)})
+        else:
+            cur.execute(q.pg_rows_summaries if summary else q.pg_rows_messages, {"conv": conv, "ids": ids})
         rows = {int(r[0]): r for r in cur.fetchall()}
         if summary:
-            return [Hit(scores[i], summary=self._summary(cid, rows[i])) for i in best if i in rows]
-        return [Hit(scores[i], message=self._message(cid, rows[i][1:])) for i in best if i in rows]
+            return [Hit(score, summary=self._summary(cid, rows[i])) for score, i in best if i in rows]
+        return [Hit(score, message=self._message(cid, rows[i][1:])) for score, i in best if i in rows]
 
     def conversation_ids(self) -> list[str]:
         def run(cur: Any) -> list[str]:
@@ -1240,23 +1271,22 @@ class SQLStore:
         self._tx("releasing a lease", run, write=True)
 
 
-def _collection(summary: bool, body: dict[str, Any], lengths: list[int], last: int) -> tuple[int, float]:
-    """BM25's document count and mean length: the conversation's own (kept in its state document)
-    for messages; for summaries, its topic and archive counts and the candidates' mean length."""
-    if summary:
-        n = max(int(body.get("topics", 0)) + int(body.get("archives", 0)), len(lengths))
-        avg = sum(lengths) / len(lengths)
-    else:
-        n, avg = last, body.get("words", 0) / last
-    return n, max(avg, 1.0)
+def _summary_key(body: Mapping[str, Any]) -> tuple[int, ...]:
+    """What every change to a conversation's summaries moves (kept summary candidates hold while
+    it stays the same): its events, topic and archive counts and how far they reach."""
+    return tuple(
+        int(body.get(k, 0))
+        for k in ("epoch", "topics", "archives", "summarized", "merged", "dropped", "compressions", "start")
+    )
 
 
-def _df(found: int, cap: int, last: int, oldest: int | None) -> float:
-    """A word's document frequency: the candidates found, or, when the cap cut them off, as many
-    per message as among the messages since its oldest candidate (``oldest``, a sequence)."""
-    if found < cap or oldest is None:
-        return float(found)
-    return cap * last / max(last - oldest + 1, 1)
+def _lengths(lists: Mapping[Group, Candidates]) -> list[int]:
+    """Each distinct candidate's length."""
+    seen: dict[int, int] = {}
+    for c in lists.values():
+        for j, i in enumerate(c.ids):
+            seen[i] = c.dl[j]
+    return list(seen.values())
 
 
 def _seq(m: StoredMessage) -> int:
@@ -1265,22 +1295,13 @@ def _seq(m: StoredMessage) -> int:
 
 def _counter(groups: list[tuple[str, ...]]) -> Callable[[str], Callable[[tuple[str, ...]], int]]:
     """How often each query group occurs in a text, as :func:`~..core.ranking.phrase_count` over
-    its words counts it; single words are found by one pattern, without splitting the whole text."""
-    if any(len(g) > 1 for g in groups):
+    its words counts it."""
 
-        def by_words(text: str) -> Callable[[tuple[str, ...]], int]:
-            doc = words(text)
-            return lambda g: phrase_count(doc, g)
+    def by_words(text: str) -> Callable[[tuple[str, ...]], int]:
+        doc = words(text)
+        return lambda g: phrase_count(doc, g)
 
-        return by_words
-    # A word is a whole run of letters and digits: no letter or digit on either side.
-    pattern = re.compile(r"(?<![^\W_])(?:" + "|".join(re.escape(g[0]) for g in groups) + r")(?![^\W_])")
-
-    def by_pattern(text: str) -> Callable[[tuple[str, ...]], int]:
-        found = Counter(pattern.findall(text.lower()))
-        return lambda g: found[g[0]]
-
-    return by_pattern
+    return by_words
 
 
 def _first_varint(blob: bytes) -> int:
