@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 
 #: Tags the renderer uses; none of them can appear, as a tag, inside the text of a block.
 TAGS = ("summary", "summaries", "archive", "archives", "recall", "recalled")
@@ -52,6 +53,7 @@ def render_summary(
     return f"{header}\n<{tag}>\n{escape(text).strip()}\n</{tag}>"
 
 
+@lru_cache(maxsize=4096)  # a context shows the same summaries turn after turn
 def item_line(text: str, started_at: datetime, ended_at: datetime) -> str:
     """One summary or archive inside its tier's block: its date range, then its text."""
     return f"[{date_range(started_at, ended_at)}]\n{escape(text).strip()}"

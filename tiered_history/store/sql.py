@@ -167,6 +167,17 @@ class Statements:
             self.pg_rows_summaries = s(
                 f"SELECT {_SUMMARY_COLS} FROM summaries WHERE conv = :conv AND id = ANY(:ids)"
             )
+            # The messages written since kept candidate lists were made, each with its length and
+            # the count of each of the query's words it holds (the same statement for any words,
+            # so the server plans it once).
+            n = "coalesce(array_length(v.positions, 1), 1)"
+            wanted = "v.lexeme = ANY(:lexemes)"
+            self.pg_new_messages = s(
+                f"SELECT x.id, x.seq, s.dl, s.lexemes, s.ns FROM messages x CROSS JOIN LATERAL (SELECT "
+                f"coalesce(sum({n}), 0) AS dl, array_agg(v.lexeme) FILTER (WHERE {wanted}) AS lexemes, "
+                f"array_agg({n}) FILTER (WHERE {wanted}) AS ns FROM unnest(x.tsv) v) s "
+                "WHERE x.conv = :conv AND x.seq > :after AND x.seq <= :last ORDER BY x.seq DESC LIMIT :lim"
+            )
         else:
             # FTS5 finds each query word's newest rows of one conversation, newest first, and stops
             # after :lim of them (FTS5 walks its index in rowid order, which is the conversation's
@@ -888,6 +899,10 @@ class SQLStore:
         weights = query.group_weights()
         upto = _summary_key(body) if summary else last
         lists, stale = self._lists(row, kind, list(weights), cap, upto)
+        if stale and not summary:
+            refreshed = self._pg_new_messages(cur, conv, last, cap, stale)
+            lists.update(refreshed)
+            self._keep(row, kind, refreshed)
         if stale:
             groups = list(stale)
             since = [None if old is None else int(old.upto) for old in stale.values()]
@@ -908,6 +923,33 @@ class SQLStore:
         n, avg = collection(summary, body, _lengths(lists), last)
         best = rank(lists, weights, n, avg, last, limit, None)
         return self._hits(cur, conv, cid, best, summary)
+
+    def _pg_new_messages(
+        self, cur: Any, conv: int, last: int, cap: int, stale: dict[Group, Candidates | None]
+    ) -> dict[Group, Candidates]:
+        """Kept single-word message lists brought up to date from the messages written since (one
+        planned statement, usually a row or two), taken out of ``stale``; what it cannot do (a
+        phrase, a list made from scratch, more new messages than it reads) stays there."""
+        words_of = {g: f"w{g[0]}" for g, old in stale.items() if old is not None and len(g) == 1}
+        if not words_of:
+            return {}
+        after = min(int(old.upto) for g, old in stale.items() if g in words_of and old is not None)
+        params = {"conv": conv, "after": after, "last": last, "lexemes": list(words_of.values()), "lim": cap}
+        cur.execute(self.q.pg_new_messages, params)
+        rows = cur.fetchall()
+        if len(rows) >= cap:
+            return {}  # many new messages: each word's newest ones are found by the index instead
+        fresh: dict[Group, Candidates] = {}
+        for g, lexeme in words_of.items():
+            old = stale.pop(g)
+            assert old is not None
+            found = [
+                (int(i), int(seq), int(dl), int(ns[lexemes.index(lexeme)]))
+                for i, seq, dl, lexemes, ns in rows
+                if seq > old.upto and lexemes and lexeme in lexemes
+            ]
+            fresh[g] = old.merged(candidates(cap, last, found, len(found)))
+        return fresh
 
     def _hits(self, cur: Any, conv: int, cid: str, best: list[tuple[float, int]], summary: bool) -> list[Hit]:
         """The rows of the best candidates, in their order."""
