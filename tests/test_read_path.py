@@ -131,6 +131,28 @@ def test_a_deleted_and_recreated_conversation_is_read_again(sql_url: str) -> Non
         assert h.get_context(CID, 1000).current_topic[-1].content == "a second life"
 
 
+def test_a_conversation_made_again_shows_its_own_summaries(sql_url: str) -> None:
+    """The same steps in a conversation's second life give the same state counters: the summaries
+    kept from the first life must not be shown (their creation time tells the lives apart)."""
+
+    def life(h: SyncHistoryCompressor, subject: str) -> None:
+        h.add_messages(CID, [msg("user", f"{subject} plan number {i} is settled", i) for i in range(6)])
+        h.seal_current_topic(CID)
+        filler = " ".join(["and now for something else entirely"] * 30)
+        h.add_messages(CID, [msg("user", filler, 7 + i) for i in range(8)])
+        h.maintain(CID)
+
+    with SyncHistoryCompressor(sql_url) as h, SyncHistoryCompressor(sql_url) as other:
+        life(other, "zanzibar")
+        first = h.get_context(CID, 700)
+        assert "zanzibar" in " ".join(x.content for x in first.historical_topics)
+        other.delete_conversation(CID)
+        life(other, "lantern")
+        second = h.get_context(CID, 700)
+        shown = " ".join(x.content for x in second.historical_topics)
+        assert "lantern" in shown and "zanzibar" not in shown
+
+
 # -- bounded search --------------------------------------------------------------------------------
 
 

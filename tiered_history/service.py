@@ -111,6 +111,10 @@ class StateCache:
         self._states.pop(conversation_id)
 
 
+#: Summary windows and summaries by id, as one ``read_context`` returned them.
+SummaryRead = tuple[list[list[Summary]], list[Summary]]
+
+
 class ContextCache:
     """The newest context built here for each recent conversation, with the state it was built from.
 
@@ -124,6 +128,7 @@ class ContextCache:
     def __init__(self, size: int = CONTEXT_CACHE) -> None:
         self._entries: Lru[tuple[object, ConversationState, CompressedContext]] = Lru(size)
         self._windows: Lru[tuple[int, list[StoredMessage]]] = Lru(size)
+        self._summaries: Lru[tuple[object, SummaryRead]] = Lru(size)
 
     def get(self, conversation_id: str, asked: object) -> tuple[ConversationState, CompressedContext] | None:
         entry = self._entries.get(conversation_id, accept=lambda e: e[0] == asked)
@@ -137,6 +142,7 @@ class ContextCache:
     def forget(self, conversation_id: str) -> None:
         self._entries.pop(conversation_id)
         self._windows.pop(conversation_id)
+        self._summaries.pop(conversation_id)
 
     def window(self, conversation_id: str, token_cap: int) -> list[StoredMessage] | None:
         """The recent window last read for this conversation with ``token_cap``, oldest first."""
@@ -145,6 +151,14 @@ class ContextCache:
 
     def keep_window(self, conversation_id: str, token_cap: int, window: list[StoredMessage]) -> None:
         self._windows.put(conversation_id, (token_cap, window))
+
+    def summaries(self, conversation_id: str, key: object) -> SummaryRead | None:
+        """The summary windows and summaries by id last read for ``key`` (see ``snapshot``)."""
+        found = self._summaries.get(conversation_id, accept=lambda e: e[0] == key)
+        return None if found is None else found[1]
+
+    def keep_summaries(self, conversation_id: str, key: object, read: SummaryRead) -> None:
+        self._summaries.put(conversation_id, (key, read))
 
 
 def _copied(ctx: CompressedContext, max_tokens: int) -> CompressedContext:
@@ -749,6 +763,12 @@ class ReplyPath:
             if state is None:
                 raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
             request = self._request(state, max_tokens)
+            # Summary rows change only with the state's summaries key (a new conversation of the
+            # same id starts again from zero: its creation time tells them apart).
+            skey = (state.created_at, state.summaries_key, request.summaries, request.summary_ids)
+            summaries = self.contexts.summaries(conversation_id, skey)
+            if summaries is not None:
+                request = replace(request, summaries=(), summary_ids=())
             window = request.windows[0]
             kept = self.contexts.window(conversation_id, window.token_cap)
             if kept and kept[-1].sequence <= window.hi:
@@ -764,6 +784,10 @@ class ReplyPath:
                     continue
                 snap = replace(snap, windows=[newest_window([*kept[:-1], *rows], window.token_cap)])
             if snap is not None:
+                if summaries is not None:
+                    snap = replace(snap, summaries=summaries[0], by_id=summaries[1])
+                else:
+                    self.contexts.keep_summaries(conversation_id, skey, (snap.summaries, snap.by_id))
                 self.states.put(snap.state)
                 self.contexts.keep_window(conversation_id, window.token_cap, snap.windows[0])
                 return snap

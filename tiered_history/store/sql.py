@@ -31,6 +31,7 @@ from ..core.state import (
     Outcome,
     SummaryUpdate,
     Writes,
+    summaries_key,
 )
 from ..errors import StoreError
 from ..models import ConversationStats, StoredMessage, Summary
@@ -841,7 +842,7 @@ class SQLStore:
         last = max(int(body["last"]), 1)
         cap = max(CANDIDATES_PER_WORD, limit)
         weights = query.group_weights()
-        upto = _summary_key(body) if summary else last
+        upto = summaries_key(body) if summary else last
         lists, stale = self._lists(row, kind, list(weights), cap, upto)
         if stale:
             after = 0
@@ -897,7 +898,7 @@ class SQLStore:
         last = max(int(body["last"]), 1)
         cap = max(CANDIDATES_PER_WORD, limit)
         weights = query.group_weights()
-        upto = _summary_key(body) if summary else last
+        upto = summaries_key(body) if summary else last
         lists, stale = self._lists(row, kind, list(weights), cap, upto)
         if stale and not summary:
             refreshed = self._pg_new_messages(cur, conv, last, cap, stale)
@@ -1311,15 +1312,6 @@ class SQLStore:
             cur.execute(self.q.release, {"id": conversation_id, "owner": owner})
 
         self._tx("releasing a lease", run, write=True)
-
-
-def _summary_key(body: Mapping[str, Any]) -> tuple[int, ...]:
-    """What every change to a conversation's summaries moves (kept summary candidates hold while
-    it stays the same): its events, topic and archive counts and how far they reach."""
-    return tuple(
-        int(body.get(k, 0))
-        for k in ("epoch", "topics", "archives", "summarized", "merged", "dropped", "compressions", "start")
-    )
 
 
 def _lengths(lists: Mapping[Group, Candidates]) -> list[int]:
