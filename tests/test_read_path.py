@@ -265,6 +265,53 @@ def test_kept_summary_candidates_are_dropped_when_maintenance_changes_the_summar
         ]
 
 
+def test_postgresql_small_conversations_rank_as_the_index_would(pg_url: str, monkeypatch: Any) -> None:
+    """A small conversation's candidates come from one statement over all its messages (or
+    summaries), not one planned per word: the same ranking either way."""
+    import random
+
+    import tiered_history.store.sql as sql_module
+    from tiered_history.store.recall import CandidateCache
+
+    rng = random.Random(11)
+    vocab = [
+        "ferry",
+        "kite",
+        "budget",
+        "oven",
+        "zanzibar",
+        "lantern",
+        "pasta",
+        "harbour",
+        "rain",
+        "code",
+        "tenant",
+        "deposit",
+    ]
+    with SyncHistoryCompressor(pg_url) as h:
+        store = h.reply.store
+        assert isinstance(store, SQLStore)
+        for topic in range(5):
+            texts = [" ".join(rng.choice(vocab) for _ in range(rng.randint(2, 12))) for _ in range(30)]
+            h.add_messages(CID, [msg("user", t, topic * 100 + i) for i, t in enumerate(texts)])
+            h.seal_current_topic(CID)
+        h.maintain(CID)
+        queries = [" ".join(rng.sample(vocab, rng.randint(1, 6))) for _ in range(12)]
+
+        def ranked() -> list[list[tuple[int, float]]]:
+            out = []
+            for q in queries:
+                for kind, limit in (("message", 10), ("summary", 4)):
+                    store._recall = CandidateCache()
+                    out.append(_ranked(store, q, kind, limit))
+            return out
+
+        small = ranked()
+        assert any(small[1::2]), "no summary was found: the summary path went untested"
+        monkeypatch.setattr(sql_module, "SMALL_CONVERSATION", 0)
+        assert ranked() == small
+
+
 def _vm_steps(store: SQLStore, run: Callable[[], Any]) -> int:
     """SQLite virtual-machine steps ``run`` costs (counted by a progress handler on every connection)."""
     steps = [0]

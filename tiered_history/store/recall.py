@@ -35,6 +35,9 @@ from ..lru import Lru
 #: Search bound: each query word's newest matching rows of a conversation that are ranked (the
 #: rows of a word more common than that are estimated from how far back its newest ones reach).
 CANDIDATES_PER_WORD = 64
+#: PostgreSQL: a conversation of at most this many messages has its candidates for every word read
+#: by one planned statement over its messages rather than a statement planned for the words.
+SMALL_CONVERSATION = 256
 #: Words (per conversation and kind) whose candidates a store keeps: about 2 KB each.
 CACHED_WORDS = 8192
 

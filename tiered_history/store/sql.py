@@ -47,7 +47,16 @@ from .base import (
 )
 from .dialect import Capabilities, capabilities, create_engine, is_integrity_error, prepare_engine, translate
 from .memory import ADDITIVE
-from .recall import CANDIDATES_PER_WORD, CandidateCache, Candidates, Group, candidates, collection, rank
+from .recall import (
+    CANDIDATES_PER_WORD,
+    SMALL_CONVERSATION,
+    CandidateCache,
+    Candidates,
+    Group,
+    candidates,
+    collection,
+    rank,
+)
 
 T = TypeVar("T")
 _FIRST_PAGE = 16
@@ -173,6 +182,13 @@ class Statements:
             # so the server plans it once).
             n = "coalesce(array_length(v.positions, 1), 1)"
             wanted = "v.lexeme = ANY(:lexemes)"
+            self.pg_summaries = s(
+                f"SELECT x.id, x.last_seq, s.dl, s.lexemes, s.ns FROM summaries x CROSS JOIN LATERAL (SELECT "
+                f"coalesce(sum({n}), 0) AS dl, array_agg(v.lexeme) FILTER (WHERE {wanted}) AS lexemes, "
+                f"array_agg({n}) FILTER (WHERE {wanted}) AS ns FROM unnest(x.tsv) v) s "
+                "WHERE x.conv = :conv AND x.status NOT IN ('pending', 'superseded') "
+                "ORDER BY x.last_seq DESC, x.id DESC LIMIT :lim"
+            )
             self.pg_new_messages = s(
                 f"SELECT x.id, x.seq, s.dl, s.lexemes, s.ns FROM messages x CROSS JOIN LATERAL (SELECT "
                 f"coalesce(sum({n}), 0) AS dl, array_agg(v.lexeme) FILTER (WHERE {wanted}) AS lexemes, "
@@ -900,6 +916,11 @@ class SQLStore:
         weights = query.group_weights()
         upto = summaries_key(body) if summary else last
         lists, stale = self._lists(row, kind, list(weights), cap, upto)
+        few = int(body.get("topics", 0)) + int(body.get("archives", 0)) <= min(cap, SMALL_CONVERSATION)
+        if stale and summary and few:
+            refreshed = self._pg_few_summaries(cur, conv, cap, upto, stale)
+            lists.update(refreshed)
+            self._keep(row, kind, refreshed)
         if stale and not summary:
             refreshed = self._pg_new_messages(cur, conv, last, cap, stale)
             lists.update(refreshed)
@@ -928,28 +949,61 @@ class SQLStore:
     def _pg_new_messages(
         self, cur: Any, conv: int, last: int, cap: int, stale: dict[Group, Candidates | None]
     ) -> dict[Group, Candidates]:
-        """Kept single-word message lists brought up to date from the messages written since (one
-        planned statement, usually a row or two), taken out of ``stale``; what it cannot do (a
-        phrase, a list made from scratch, more new messages than it reads) stays there."""
-        words_of = {g: f"w{g[0]}" for g, old in stale.items() if old is not None and len(g) == 1}
+        """Single-word message lists from one planned statement over the messages themselves, taken
+        out of ``stale``: a kept list brought up to date from the messages written since (usually a
+        row or two), and in a conversation of at most :data:`SMALL_CONVERSATION` messages, a list
+        made from scratch (reading them all costs less than planning a statement per word). What it
+        cannot do (a phrase; more messages than it reads) stays in ``stale``."""
+        small = last <= SMALL_CONVERSATION
+        words_of = {g: f"w{g[0]}" for g, old in stale.items() if len(g) == 1 and (old is not None or small)}
         if not words_of:
             return {}
-        after = min(int(old.upto) for g, old in stale.items() if g in words_of and old is not None)
-        params = {"conv": conv, "after": after, "last": last, "lexemes": list(words_of.values()), "lim": cap}
+        since = {g: 0 if stale[g] is None else int(stale[g].upto) for g in words_of}  # type: ignore[union-attr]
+        lim = max(cap, SMALL_CONVERSATION)
+        params = {
+            "conv": conv,
+            "after": min(since.values()),
+            "last": last,
+            "lexemes": list(words_of.values()),
+            "lim": lim,
+        }
         cur.execute(self.q.pg_new_messages, params)
         rows = cur.fetchall()
-        if len(rows) >= cap:
-            return {}  # many new messages: each word's newest ones are found by the index instead
+        if len(rows) >= lim:
+            return {}  # many messages: each word's newest ones are found by the index instead
         fresh: dict[Group, Candidates] = {}
         for g, lexeme in words_of.items():
             old = stale.pop(g)
-            assert old is not None
             found = [
                 (int(i), int(seq), int(dl), int(ns[lexemes.index(lexeme)]))
                 for i, seq, dl, lexemes, ns in rows
-                if seq > old.upto and lexemes and lexeme in lexemes
+                if seq > since[g] and lexemes and lexeme in lexemes
             ]
-            fresh[g] = old.merged(candidates(cap, last, found, len(found)))
+            c = candidates(cap, last, found[:cap], len(found))
+            fresh[g] = c if old is None else old.merged(c)
+        return fresh
+
+    def _pg_few_summaries(
+        self, cur: Any, conv: int, cap: int, upto: Any, stale: dict[Group, Candidates | None]
+    ) -> dict[Group, Candidates]:
+        """Single-word summary lists of a conversation with at most ``cap`` summaries, from one
+        planned statement over all of them (taken out of ``stale``; phrases stay there)."""
+        words_of = {g: f"w{g[0]}" for g in stale if len(g) == 1}
+        if not words_of:
+            return {}
+        cur.execute(self.q.pg_summaries, {"conv": conv, "lexemes": list(words_of.values()), "lim": cap + 1})
+        rows = cur.fetchall()
+        if len(rows) > cap:
+            return {}
+        fresh: dict[Group, Candidates] = {}
+        for g, lexeme in words_of.items():
+            del stale[g]
+            found = [
+                (int(i), int(r), int(dl), int(ns[lexemes.index(lexeme)]))
+                for i, r, dl, lexemes, ns in rows
+                if lexemes and lexeme in lexemes
+            ]
+            fresh[g] = candidates(cap, upto, found, len(found))
         return fresh
 
     def _hits(self, cur: Any, conv: int, cid: str, best: list[tuple[float, int]], summary: bool) -> list[Hit]:
