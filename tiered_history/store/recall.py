@@ -85,16 +85,35 @@ class Candidates:
 
 
 def candidates(
-    cap: int, upto: Any, rows: Iterable[tuple[int, int, int, int]], found: int, after: int = 0
+    cap: int, upto: Any, rows: Sequence[tuple[int, int, int, int]], found: int, after: int = 0
 ) -> Candidates:
     """A list from rows ``(id, recency, length, count)`` newest first; ``found``: how many rows the
     database returned before any was left out (a live-only filter), to tell whether it hit the cap."""
-    out = Candidates(cap, upto, after, found >= cap)
-    for i, r, dl, tf in rows:
-        out.ids.append(i)
-        out.rec.append(r)
-        out.dl.append(dl)
-        out.tf.append(tf)
+    return Candidates(
+        cap,
+        upto,
+        after,
+        found >= cap,
+        array("q", [r[0] for r in rows]),
+        array("q", [r[1] for r in rows]),
+        array("q", [r[2] for r in rows]),
+        array("q", [r[3] for r in rows]),
+    )
+
+
+def by_word(
+    rows: Iterable[tuple[int, int, int, Sequence[str] | None, Sequence[int] | None]],
+    wanted: Mapping[str, Group],
+) -> dict[Group, list[tuple[int, int, int, int]]]:
+    """Rows ``(id, recency, length, words, counts)`` (newest first; ``words`` among ``wanted``'s
+    keys) as each wanted group's ``(id, recency, length, count)`` rows, newest first."""
+    out: dict[Group, list[tuple[int, int, int, int]]] = {g: [] for g in wanted.values()}
+    for i, r, dl, found, counts in rows:
+        if found and counts:
+            for w, n in zip(found, counts, strict=True):
+                g = wanted.get(w)
+                if g is not None:
+                    out[g].append((i, r, dl, n))
     return out
 
 

@@ -53,6 +53,7 @@ from .recall import (
     CandidateCache,
     Candidates,
     Group,
+    by_word,
     candidates,
     collection,
     rank,
@@ -958,7 +959,10 @@ class SQLStore:
         words_of = {g: f"w{g[0]}" for g, old in stale.items() if len(g) == 1 and (old is not None or small)}
         if not words_of:
             return {}
-        since = {g: 0 if stale[g] is None else int(stale[g].upto) for g in words_of}  # type: ignore[union-attr]
+        since: dict[Group, int] = {}
+        for group in words_of:
+            kept = stale[group]
+            since[group] = 0 if kept is None else int(kept.upto)
         lim = max(cap, SMALL_CONVERSATION)
         params = {
             "conv": conv,
@@ -972,13 +976,10 @@ class SQLStore:
         if len(rows) >= lim:
             return {}  # many messages: each word's newest ones are found by the index instead
         fresh: dict[Group, Candidates] = {}
-        for g, lexeme in words_of.items():
+        for g, found in by_word(rows, {w: g for g, w in words_of.items()}).items():
             old = stale.pop(g)
-            found = [
-                (int(i), int(seq), int(dl), int(ns[lexemes.index(lexeme)]))
-                for i, seq, dl, lexemes, ns in rows
-                if seq > since[g] and lexemes and lexeme in lexemes
-            ]
+            if since[g]:
+                found = [x for x in found if x[1] > since[g]]
             c = candidates(cap, last, found[:cap], len(found))
             fresh[g] = c if old is None else old.merged(c)
         return fresh
@@ -996,13 +997,8 @@ class SQLStore:
         if len(rows) > cap:
             return {}
         fresh: dict[Group, Candidates] = {}
-        for g, lexeme in words_of.items():
+        for g, found in by_word(rows, {w: g for g, w in words_of.items()}).items():
             del stale[g]
-            found = [
-                (int(i), int(r), int(dl), int(ns[lexemes.index(lexeme)]))
-                for i, r, dl, lexemes, ns in rows
-                if lexemes and lexeme in lexemes
-            ]
             fresh[g] = candidates(cap, upto, found, len(found))
         return fresh
 
