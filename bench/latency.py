@@ -231,7 +231,8 @@ class SizeResult:
 
 
 def copy_rows(src_url: str, dst_url: str) -> None:
-    """Copy every row of a SQLite benchmark database into an (empty, migrated) PostgreSQL one."""
+    """Copy every row of a SQLite benchmark database into an (empty, migrated) PostgreSQL one,
+    then VACUUM ANALYZE it."""
     src = sa.create_engine(src_url)
     dst = sa.create_engine(dst_url.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
@@ -249,6 +250,12 @@ def copy_rows(src_url: str, dst_url: str) -> None:
     finally:
         src.dispose()
         dst.dispose()
+    # Rows written in one go leave no planner statistics and a GIN pending list behind, which
+    # autovacuum would deal with in a while on a live database: do it now, as it would.
+    import psycopg
+
+    with psycopg.connect(dst_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
 
 
 # -- the get_context read path: cache hits, reads after a write, the floor ------------------------
