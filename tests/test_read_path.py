@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tiered_history import SyncHistoryCompressor
 from tiered_history.core.ranking import parse_query
@@ -442,3 +445,71 @@ def test_a_record_a_busy_database_refused_is_tried_again_on_the_next_call(tmp_pa
         assert h.get_context(CID, 2000) == first
         recorded = h.reply.read_state(CID)
         assert recorded is not None and recorded.budget is not None  # by the second call
+
+
+# -- kept candidates, as a property ----------------------------------------------------------------
+
+_WORDS = ["ferry", "Ferry", "kite", "café", "cafe", "Zürich", "budget", "oven", "42", "naïve", "東京", "x_y"]
+# A round: messages added (up to 70 at once: more new matches than a kept list holds), maybe a
+# seal, a maintenance pass or a deletion by another compressor, then a search.
+_ROUND = st.tuples(
+    st.lists(st.lists(st.sampled_from(_WORDS), min_size=1, max_size=8), max_size=70),
+    st.sampled_from([None, None, None, "seal", "maintain", "maintain", "delete"]),
+    st.lists(st.sampled_from(_WORDS), min_size=1, max_size=4),
+)
+
+
+def _replay(url: str, rounds: list[tuple[list[list[str]], str | None, list[str]]]) -> None:
+    from tiered_history.store.recall import CandidateCache
+
+    now = datetime.now(UTC) - timedelta(hours=1)
+    with (
+        SyncHistoryCompressor(url) as kept,
+        SyncHistoryCompressor(url) as writer,
+        SyncHistoryCompressor(url) as fresh,
+    ):
+        ks, fs = kept.reply.store, fresh.reply.store
+        assert isinstance(ks, SQLStore) and isinstance(fs, SQLStore)
+        i = 0
+        for texts, event, words in rounds:
+            if texts:
+                batch = []
+                for text in texts:
+                    i += 1
+                    role = "user" if i % 2 else "assistant"
+                    batch.append(
+                        {"role": role, "content": " ".join(text), "timestamp": now + timedelta(seconds=i)}
+                    )
+                writer.add_messages(CID, batch)
+            if event == "seal" and writer.exists(CID):
+                writer.seal_current_topic(CID)
+            elif event == "maintain" and writer.exists(CID):
+                writer.maintain(CID)
+            elif event == "delete":
+                writer.delete_conversation(CID)
+            query = " ".join(words)
+            for kind, limit in (("message", 6), ("summary", 3)):
+                fs._recall = CandidateCache()
+                assert _ranked(ks, query, kind, limit) == _ranked(fs, query, kind, limit), (query, kind)
+
+
+def _property(kind: str, examples: int) -> Callable[..., None]:
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(rounds=st.lists(_ROUND, min_size=2, max_size=10))
+    def run(tmp_path: Path, rounds: list[tuple[list[list[str]], str | None, list[str]]]) -> None:
+        from tests.conftest import database_url
+
+        with tempfile.TemporaryDirectory(dir=tmp_path) as d, database_url(kind, Path(d)) as url:
+            _replay(url, rounds)
+
+    return run
+
+
+test_kept_candidates_property_sqlite = _property("sqlite", 25)
+test_kept_candidates_property_postgresql = _property("postgresql", 6)
