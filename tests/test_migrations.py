@@ -738,13 +738,13 @@ def test_autogenerate_finds_no_difference(backend_url: str) -> None:
     engine = create_engine(backend_url)
     try:
         with engine.begin() as conn:
-            conn.execute(sa.text("DROP INDEX ix_conversations_updated_at"))
+            conn.execute(sa.text("DROP INDEX ix_conversations_due_at"))
             if engine.dialect.name == "postgresql":
                 conn.execute(sa.text("ALTER TABLE summaries ALTER COLUMN model TYPE varchar(100)"))
     finally:
         engine.dispose()
     found = autogenerate_diff(backend_url)
-    assert ("remove_index" not in str(found)) and "ix_conversations_updated_at" in str(found)
+    assert ("remove_index" not in str(found)) and "ix_conversations_due_at" in str(found)
     if backend_url.startswith("postgresql"):
         assert any(isinstance(d, list) and d[0][0] == "modify_type" for d in found)
 

@@ -77,7 +77,6 @@ conversations = sa.Table(
 )
 sa.Index("ux_conversations_id", conversations.c.id, unique=True)
 sa.Index("ix_conversations_due_at", conversations.c.due_at)
-sa.Index("ix_conversations_updated_at", conversations.c.updated_at)
 
 messages = sa.Table(
     "messages",
