@@ -315,6 +315,40 @@ def test_postgresql_small_conversations_rank_as_the_index_would(pg_url: str, mon
         assert ranked() == small
 
 
+def test_kept_candidates_never_bring_another_conversations_rows(sql_url: str) -> None:
+    """Whatever a kept list holds (here: forged to name another conversation's messages, as a
+    list kept from a deleted conversation whose key and creation time came back could), a search
+    returns the searched conversation's rows only."""
+    from tiered_history.store.recall import CandidateCache, candidates
+
+    with SyncHistoryCompressor(sql_url) as h:
+        store = h.reply.store
+        assert isinstance(store, SQLStore)
+        h.add_messages("other", [msg("user", f"zanzibar secret number {i}", i) for i in range(5)])
+        h.add_messages(CID, [msg("user", f"zanzibar plan {i}", i) for i in range(3)])
+        assert sorted(m.sequence for m in h.search(CID, "zanzibar", limit=10)) == [1, 2, 3]
+        raw = store.engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            cur.execute("SELECT key FROM conversations WHERE id = 'cache'")
+            key = cur.fetchone()[0]
+            cur.execute(
+                "SELECT m.id, m.seq FROM messages m JOIN conversations c ON c.key = m.conv "
+                "WHERE c.id = 'other'"
+            )
+            theirs = [(int(i), int(seq)) for i, seq in cur.fetchall()]
+        finally:
+            raw.close()
+        state = store.read_state(CID)
+        assert state is not None
+        row_created = store._ts(state.created_at)
+        forged = candidates(64, state.last_sequence, [(i, 100 + seq, 4, 1) for i, seq in theirs], len(theirs))
+        store._recall.put(CandidateCache.key(f"{key}:{row_created}", "message", ("zanzibar",)), forged)
+        found = h.search(CID, "zanzibar", limit=10)
+        # Rows are read by id and returned as this conversation's: only its own may come back.
+        assert "secret" not in " ".join(m.message.content for m in found)
+
+
 def _vm_steps(store: SQLStore, run: Callable[[], Any]) -> int:
     """SQLite virtual-machine steps ``run`` costs (counted by a progress handler on every connection)."""
     steps = [0]

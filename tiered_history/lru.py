@@ -44,3 +44,9 @@ class Lru(Generic[V]):
     def pop(self, key: str) -> None:
         with self._lock:
             self._items.pop(key, None)
+
+    def drop(self, which: Callable[[str], bool]) -> None:
+        """Remove every entry whose key ``which`` accepts."""
+        with self._lock:
+            for key in [k for k in self._items if which(k)]:
+                del self._items[key]

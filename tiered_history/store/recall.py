@@ -133,6 +133,10 @@ class CandidateCache:
     def put(self, key: str, value: Candidates) -> None:
         self._lru.put(key, value)
 
+    def forget(self, conv: int) -> None:
+        """Drop a conversation's lists (it was deleted: a new one may get its key on SQLite)."""
+        self._lru.drop(lambda key: key.startswith(f"{conv}:"))
+
 
 def collection(
     summary: bool, body: Mapping[str, Any], lengths: Sequence[int], last: int

@@ -211,10 +211,12 @@ class Statements:
             )
             self.message_id_at = "SELECT id FROM messages WHERE conv = :conv AND seq = :seq"
             self.fts_text_messages = (
-                "SELECT id, content FROM messages WHERE id IN (SELECT value FROM json_each(:ids))"
+                "SELECT id, content FROM messages WHERE id IN (SELECT value FROM json_each(:ids)) "
+                "AND +conv = :conv"
             )
             self.fts_text_summaries = (
-                "SELECT id, content FROM summaries WHERE id IN (SELECT value FROM json_each(:ids))"
+                "SELECT id, content FROM summaries WHERE id IN (SELECT value FROM json_each(:ids)) "
+                "AND +conv = :conv"
             )
             # Each candidate's recency and its length in words (FTS5's own count, in its docsize table).
             self.fts_meta_messages = (
@@ -227,10 +229,12 @@ class Statements:
                 "AND x.status NOT IN ('pending', 'superseded')"
             )
             self.fts_rows_messages = (
-                f"SELECT id, {_MESSAGE_COLS} FROM messages WHERE id IN (SELECT value FROM json_each(:ids))"
+                f"SELECT id, {_MESSAGE_COLS} FROM messages WHERE id IN (SELECT value FROM json_each(:ids)) "
+                "AND +conv = :conv"
             )
             self.fts_rows_summaries = (
-                f"SELECT {_SUMMARY_COLS} FROM summaries WHERE id IN (SELECT value FROM json_each(:ids))"
+                f"SELECT {_SUMMARY_COLS} FROM summaries WHERE id IN (SELECT value FROM json_each(:ids)) "
+                "AND +conv = :conv"
             )
         self.ids = s("SELECT id FROM conversations ORDER BY id")
         self.listing = s(f"SELECT {_STATE_COLS} FROM conversations WHERE id > :after ORDER BY id LIMIT :lim")
@@ -898,7 +902,8 @@ class SQLStore:
         def count(batch: list[int]) -> dict[int, Callable[[Group], int]]:
             if not counts:
                 counts.append(_counter(list(weights)))
-            cur.execute(q.fts_text_summaries if summary else q.fts_text_messages, {"ids": json.dumps(batch)})
+            text = q.fts_text_summaries if summary else q.fts_text_messages
+            cur.execute(text, {"ids": json.dumps(batch), "conv": conv})
             return {int(r[0]): counts[0](r[1]) for r in cur.fetchall()}
 
         best = rank(lists, weights, n, avg, last, limit, count)
@@ -1008,7 +1013,8 @@ class SQLStore:
             return []
         q, ids = self.q, [i for _, i in best]
         if self._sqlite:
-            cur.execute(q.fts_rows_summaries if summary else q.fts_rows_messages, {"ids": json.dumps(ids)})
+            rows_sql = q.fts_rows_summaries if summary else q.fts_rows_messages
+            cur.execute(rows_sql, {"ids": json.dumps(ids), "conv": conv})
         else:
             cur.execute(q.pg_rows_summaries if summary else q.pg_rows_messages, {"conv": conv, "ids": ids})
         rows = {int(r[0]): r for r in cur.fetchall()}
@@ -1316,6 +1322,7 @@ class SQLStore:
                 return False
             for sql in (q.delete_messages, q.delete_summaries, q.delete_conversation):
                 cur.execute(sql, {"conv": conv})
+            self._recall.forget(conv)
             return True
 
         return self._tx("deleting a conversation", run, write=True)
