@@ -166,54 +166,58 @@ def rank(
     bound, and only those that could still be among the best ``limit`` have their text counted
     (``count``), which fills the lists for the next call."""
     coef: dict[Group, float] = {}
-    held: dict[int, int] = {}
-    norms: dict[int, float] = {}
-    lengths: dict[int, int] = {}
-    recency: dict[int, int] = {}
+    # Per candidate: [query groups it holds, length in words, BM25's length norm, recency].
+    info: dict[int, list[Any]] = {}
+    k1p1 = K1 + 1.0
     for g, c in lists.items():
         # Below the cap, the matching rows themselves; cut off by it, as many per message as
         # among the messages since its oldest candidate.
         df = c.cap * last / max(last - min(c.rec) + 1, 1) if c.capped and c.rec else len(c.ids)
         coef[g] = weights[g] * idf(n, min(round(df), n))
         for i, dl, r in zip(c.ids, c.dl, c.rec, strict=True):
-            if i in held:
-                held[i] += 1
+            e = info.get(i)
+            if e is None:
+                dl = max(dl, 1)
+                info[i] = [1, dl, K1 * (1.0 - B + B * dl / avg), r]
             else:
-                held[i] = 1
-                lengths[i] = dl = max(dl, 1)
-                norms[i] = K1 * (1.0 - B + B * dl / avg)
-                recency[i] = r
-    if not held:
+                e[0] += 1
+    if not info:
         return []
     # Each candidate's score, or (its occurrences not all counted) a bound of it: a word not
     # counted yet occurs at most as often as the row's length allows, the other words one each.
-    bound = dict.fromkeys(held, 0.0)
+    bound: dict[int, float] = {}
     uncounted: set[int] = set()
     for g, c in lists.items():
         cg, size = coef[g], len(g)
         for i, tf in zip(c.ids, c.tf, strict=True):
-            most = max((lengths[i] - held[i] + 1) // size, 1)
-            if not tf:
-                uncounted.add(i)
-            t = min(tf, most) if tf else most
-            bound[i] += cg * t * (K1 + 1.0) / (t + norms[i])
-    order = sorted(held, key=lambda i: (-bound[i], -recency[i], -i))
-    best: list[tuple[float, int, int]] = []
-    kth, pos, step = float("-inf"), 0, limit + 8
-    while pos < len(order) and bound[order[pos]] >= kth:
-        batch: list[int] = []
-        while pos < len(order) and len(batch) < step and bound[order[pos]] >= kth:
-            i = order[pos]
-            pos += 1
-            if i in uncounted:
-                batch.append(i)
+            e = info[i]
+            most = (e[1] - e[0] + 1) // size
+            if most < 1:
+                most = 1
+            if tf:
+                t = tf if tf < most else most
             else:
-                best.append((bound[i], recency[i], i))
-        if batch:
+                uncounted.add(i)
+                t = most
+            bound[i] = bound.get(i, 0.0) + cg * t * k1p1 / (t + e[2])
+    held = info
+    recency = {i: e[3] for i, e in info.items()}
+    lengths = {i: e[1] for i, e in info.items()}
+    norms = {i: e[2] for i, e in info.items()}
+    # Best bound first, then the newest, then the highest id (compared as tuples, in C).
+    order = [-k[2] for k in sorted([(-b, -recency[i], -i) for i, b in bound.items()])]
+    best: list[tuple[float, int, int]] = []
+    pending: list[int] = []
+    kth, step = float("-inf"), limit + 8
+
+    def settle() -> None:
+        """Count the pending candidates' texts, keep the best ``limit``, raise the bar."""
+        nonlocal kth
+        if pending:
             if count is None:
                 raise ValueError("occurrences left uncounted and nothing to count them with")
-            counted = count(batch)
-            exact = dict.fromkeys(batch, 0.0)
+            counted = count(pending)
+            exact = dict.fromkeys(pending, 0.0)
             for g, c in lists.items():
                 cg, size = coef[g], len(g)
                 for j, i in enumerate(c.ids):
@@ -222,13 +226,27 @@ def rank(
                     tf_of = counted.get(i)
                     c.tf[j] = tf = max(tf_of(g), 1) if tf_of is not None else 1
                     # Bounded by the index's own length of the row (its word split may differ).
-                    t = min(tf, max((lengths[i] - held[i] + 1) // size, 1))
-                    exact[i] += cg * t * (K1 + 1.0) / (t + norms[i])
-            for i, score in exact.items():
-                uncounted.discard(i)
-                best.append((score, recency[i], i))
+                    t = min(tf, max((lengths[i] - held[i][0] + 1) // size, 1))
+                    exact[i] += cg * t * k1p1 / (t + norms[i])
+            best.extend((score, recency[i], i) for i, score in exact.items())
+            pending.clear()
         best.sort(key=lambda x: (-x[0], -x[1], -x[2]))
         del best[limit:]
         if len(best) >= limit:
             kth = best[-1][0]
+
+    # Visited by bound, best first: a counted candidate's bound is its score, so once ``limit``
+    # scores are in hand, the rest of the candidates (bounds under the ``limit``-th) are left.
+    for i in order:
+        if bound[i] < kth:
+            break
+        if i in uncounted:
+            pending.append(i)
+            if len(pending) >= step:
+                settle()
+        else:
+            best.append((bound[i], recency[i], i))
+            if len(best) >= 2 * limit:
+                settle()
+    settle()
     return [(score, i) for score, _, i in best]
