@@ -208,7 +208,7 @@ def rank(
     order = [-k[2] for k in sorted([(-b, -recency[i], -i) for i, b in bound.items()])]
     best: list[tuple[float, int, int]] = []
     pending: list[int] = []
-    kth, step = float("-inf"), limit + 8
+    kth, step = float("-inf"), max(limit // 2, 8)  # texts counted a few at a time: each costs
 
     def settle() -> None:
         """Count the pending candidates' texts, keep the best ``limit``, raise the bar."""
