@@ -14,7 +14,7 @@ of a read with recall on (8 ms of 9 at 100,000 messages on SQLite; 30-90 ms on P
   and puts them in front (the newest ``cap`` of both are what a new search would find);
 * summaries change in place (a pending topic gets its summary, topics merge into archives),
   so a word's list is valid only while the conversation's summary key is the same: the state
-  fields every such change moves (``epoch`` and the summary counters).
+  fields every such change moves (:attr:`~..core.state.ConversationState.summaries_key`).
 
 An entry is keyed by the conversation's row key and creation time (a conversation deleted and
 made again is another one), so what another process wrote is found by the same rules: the
@@ -43,7 +43,7 @@ CACHED_WORDS = 8192
 
 Group = tuple[str, ...]
 #: The occurrences of each query group in the texts of some candidates, by candidate id.
-Counter = Callable[[list[int]], Mapping[int, Callable[[Group], int]]]
+CountTexts = Callable[[list[int]], Mapping[int, Callable[[Group], int]]]
 
 
 @dataclass
@@ -158,7 +158,7 @@ def rank(
     avg: float,
     last: int,
     limit: int,
-    count: Counter | None,
+    count: CountTexts | None,
 ) -> list[tuple[float, int]]:
     """The best ``limit`` candidates as (score, id), by BM25, recency breaking ties.
 
