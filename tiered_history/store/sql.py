@@ -15,6 +15,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -178,22 +179,23 @@ class Statements:
             self.pg_rows_summaries = s(
                 f"SELECT {_SUMMARY_COLS} FROM summaries WHERE conv = :conv AND id = ANY(:ids)"
             )
-            # The messages written since kept candidate lists were made, each with its length and
-            # the count of each of the query's words it holds (the same statement for any words,
-            # so the server plans it once).
+            # Rows with their length and the count of each of the query's words they hold (the
+            # same statement for any words, so the server plans it once): a small conversation's
+            # summaries, and the messages written since kept candidate lists were made.
             n = "coalesce(array_length(v.positions, 1), 1)"
             wanted = "v.lexeme = ANY(:lexemes)"
+            counted = (
+                f"CROSS JOIN LATERAL (SELECT coalesce(sum({n}), 0) AS dl, array_agg(v.lexeme) FILTER "
+                f"(WHERE {wanted}) AS lexemes, array_agg({n}) FILTER (WHERE {wanted}) AS ns "
+                "FROM unnest(x.tsv) v) s"
+            )
             self.pg_summaries = s(
-                f"SELECT x.id, x.last_seq, s.dl, s.lexemes, s.ns FROM summaries x CROSS JOIN LATERAL (SELECT "
-                f"coalesce(sum({n}), 0) AS dl, array_agg(v.lexeme) FILTER (WHERE {wanted}) AS lexemes, "
-                f"array_agg({n}) FILTER (WHERE {wanted}) AS ns FROM unnest(x.tsv) v) s "
+                f"SELECT x.id, x.last_seq, s.dl, s.lexemes, s.ns FROM summaries x {counted} "
                 "WHERE x.conv = :conv AND x.status NOT IN ('pending', 'superseded') "
                 "ORDER BY x.last_seq DESC, x.id DESC LIMIT :lim"
             )
             self.pg_new_messages = s(
-                f"SELECT x.id, x.seq, s.dl, s.lexemes, s.ns FROM messages x CROSS JOIN LATERAL (SELECT "
-                f"coalesce(sum({n}), 0) AS dl, array_agg(v.lexeme) FILTER (WHERE {wanted}) AS lexemes, "
-                f"array_agg({n}) FILTER (WHERE {wanted}) AS ns FROM unnest(x.tsv) v) s "
+                f"SELECT x.id, x.seq, s.dl, s.lexemes, s.ns FROM messages x {counted} "
                 "WHERE x.conv = :conv AND x.seq > :after AND x.seq <= :last ORDER BY x.seq DESC LIMIT :lim"
             )
         else:
@@ -431,6 +433,25 @@ class _Held:
             held, self._free, self._free_nowait = self._free + self._free_nowait, [], []
         for conn, _ in held:
             self.discard(conn)
+
+
+@dataclass(frozen=True, slots=True)
+class _Search:
+    """What one search reads from the conversation's state row."""
+
+    conv: int
+    conversation: str
+    """Its kept lists' key: the row key and creation time (a conversation made again is another)."""
+    kind: str
+    body: dict[str, Any]
+    last: int
+    cap: int
+    upto: Any
+    """What a list must cover: messages up to this sequence; summaries: this summaries key."""
+
+    @property
+    def summary(self) -> bool:
+        return self.kind != "message"
 
 
 class _Rollback(Exception):
@@ -820,147 +841,141 @@ class SQLStore:
                 text = query.literal.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
                 cur.execute(self.q.search_literal, {"conv": conv, "pattern": f"%{text}%", "lim": limit})
                 return [Hit(1.0, message=self._message(cid, r)) for r in cur.fetchall()]
-            if self._sqlite:
-                return self._search_fts(cur, conv, cid, row, query, limit, kind)
-            return self._search_pg(cur, conv, cid, row, query, limit, kind)
+            return self._ranked(cur, cid, row, query, limit, kind)
 
         return self._tx("searching", run, write=False)
 
+    def _ranked(
+        self, cur: Any, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
+    ) -> list[Hit]:
+        """BM25 over each query word's newest matching rows (see :mod:`.recall`): the lists kept
+        from earlier searches, the rest found by the database (SQLite: FTS5, its docsize table
+        giving the lengths; PostgreSQL: the tsvectors, giving lengths and counts); on SQLite the
+        texts of only those candidates that could still be among the best ``limit`` are read to
+        count the words."""
+        body = json.loads(row[9])
+        last = max(int(body["last"]), 1)
+        summary = kind != "message"
+        at = _Search(
+            int(row[0]),
+            f"{row[0]}:{row[5]}",
+            kind,
+            body,
+            last,
+            max(CANDIDATES_PER_WORD, limit),
+            summaries_key(body) if summary else last,
+        )
+        weights = query.group_weights()
+        lists, stale = self._lists(at, list(weights))
+        if stale:
+            fresh = self._fts_lists(cur, at, stale) if self._sqlite else self._pg_lists(cur, at, stale)
+            lists.update(fresh)
+            for g, c in fresh.items():
+                self._recall.put(CandidateCache.key(at.conversation, kind, g), c)
+        n, avg = collection(summary, body, _lengths(lists), last)
+
+        def count(batch: list[int]) -> dict[int, Callable[[Group], int]]:
+            q = self.q
+            cur.execute(
+                q.fts_text_summaries if summary else q.fts_text_messages,
+                {"ids": json.dumps(batch), "conv": at.conv},
+            )
+            return {int(r[0]): _occurrences(r[1]) for r in cur.fetchall()}
+
+        # PostgreSQL's lists come with every count.
+        best = rank(lists, weights, n, avg, last, limit, count if self._sqlite else None)
+        return self._hits(cur, at.conv, cid, best, summary)
+
     def _lists(
-        self, row: Sequence[Any], kind: str, groups: Sequence[Group], cap: int, upto: Any
+        self, at: _Search, groups: Sequence[Group]
     ) -> tuple[dict[Group, Candidates], dict[Group, Candidates | None]]:
         """The candidate lists kept for ``groups`` that still hold, and the rest: ``None`` to search
         from scratch, or a message list to bring up to date (it covers messages up to its ``upto``)."""
-        conversation = f"{row[0]}:{row[5]}"
         kept: dict[Group, Candidates] = {}
         stale: dict[Group, Candidates | None] = {}
         for g in groups:
-            c = self._recall.get(CandidateCache.key(conversation, kind, g))
-            if c is None or c.cap != cap:
+            c = self._recall.get(CandidateCache.key(at.conversation, at.kind, g))
+            if c is None or c.cap != at.cap:
                 stale[g] = None
-            elif c.upto == upto:
+            elif c.upto == at.upto:
                 kept[g] = c
-            elif kind == "message" and c.upto < upto:
+            elif not at.summary and c.upto < at.upto:
                 stale[g] = c
             else:
                 stale[g] = None
         return kept, stale
 
-    def _keep(self, row: Sequence[Any], kind: str, lists: Mapping[Group, Candidates]) -> None:
-        conversation = f"{row[0]}:{row[5]}"
-        for g, c in lists.items():
-            self._recall.put(CandidateCache.key(conversation, kind, g), c)
+    def _fts_lists(
+        self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
+    ) -> dict[Group, Candidates]:
+        """SQLite: the ``stale`` lists from FTS5, each word's newest matches (after the newest
+        message a kept list covers), with their recency and length; words not counted yet."""
+        q, summary = self.q, at.summary
+        after = 0
+        if not summary:
+            cur.execute(q.message_id_at, {"conv": at.conv, "seq": at.last})
+            found_id = cur.fetchone()
+            after = int(found_id[0]) if found_id else 0
+        found: dict[Group, list[int]] = {}
+        for g, old in stale.items():
+            # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
+            match = f'conv : "{at.conv}" AND content : "{" ".join(g)}"'
+            if summary:
+                cur.execute(q.fts_summaries, {"q": match, "lim": at.cap})
+            elif old is None or not old.after:
+                cur.execute(q.fts_messages, {"q": match, "lim": at.cap})
+            else:
+                cur.execute(q.fts_messages_after, {"q": match, "lim": at.cap, "after": old.after})
+            found[g] = [int(r[0]) for r in cur.fetchall()]
+        ids = sorted({i for rows in found.values() for i in rows})
+        meta: dict[int, tuple[int, int]] = {}
+        if ids:
+            cur.execute(q.fts_meta_summaries if summary else q.fts_meta_messages, {"ids": json.dumps(ids)})
+            meta = {int(r[0]): (int(r[1]), _first_varint(r[2])) for r in cur.fetchall()}
+        return {
+            g: _extended(
+                stale[g],
+                candidates(at.cap, at.upto, [(i, *meta[i], 0) for i in rows if i in meta], len(rows), after),
+            )
+            for g, rows in found.items()
+        }
 
-    def _search_fts(
-        self, cur: Any, conv: int, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
-    ) -> list[Hit]:
-        """BM25 over each query word's newest matching rows (SQLite; see :mod:`.recall`): FTS5
-        finds them, its docsize table gives their lengths, and only the texts of candidates that
-        could still be among the best ``limit`` are read to count the words."""
-        q = self.q
-        summary = kind != "message"
-        body = json.loads(row[9])
-        last = max(int(body["last"]), 1)
-        cap = max(CANDIDATES_PER_WORD, limit)
-        weights = query.group_weights()
-        upto = summaries_key(body) if summary else last
-        lists, stale = self._lists(row, kind, list(weights), cap, upto)
-        if stale:
-            after = 0
-            if not summary:
-                cur.execute(q.message_id_at, {"conv": conv, "seq": last})
-                found_id = cur.fetchone()
-                after = int(found_id[0]) if found_id else 0
-            found: dict[Group, list[int]] = {}
-            for g, old in stale.items():
-                # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
-                match = f'conv : "{conv}" AND content : "{" ".join(g)}"'
-                if summary:
-                    cur.execute(q.fts_summaries, {"q": match, "lim": cap})
-                elif old is None or not old.after:
-                    cur.execute(q.fts_messages, {"q": match, "lim": cap})
-                else:
-                    cur.execute(q.fts_messages_after, {"q": match, "lim": cap, "after": old.after})
-                found[g] = [int(r[0]) for r in cur.fetchall()]
-            ids = sorted({i for rows in found.values() for i in rows})
-            meta: dict[int, tuple[int, int]] = {}
-            if ids:
-                cur.execute(
-                    q.fts_meta_summaries if summary else q.fts_meta_messages, {"ids": json.dumps(ids)}
-                )
-                meta = {int(r[0]): (int(r[1]), _first_varint(r[2])) for r in cur.fetchall()}
-            fresh: dict[Group, Candidates] = {}
-            for g, rows in found.items():
-                c = candidates(cap, upto, [(i, *meta[i], 0) for i in rows if i in meta], len(rows), after)
-                old = stale[g]
-                fresh[g] = old.merged(c) if old is not None and not summary else c
-            lists.update(fresh)
-            self._keep(row, kind, fresh)
-        n, avg = collection(summary, body, _lengths(lists), last)
-        counts: list[Callable[[str], Callable[[Group], int]]] = []
-
-        def count(batch: list[int]) -> dict[int, Callable[[Group], int]]:
-            if not counts:
-                counts.append(_counter(list(weights)))
-            text = q.fts_text_summaries if summary else q.fts_text_messages
-            cur.execute(text, {"ids": json.dumps(batch), "conv": conv})
-            return {int(r[0]): counts[0](r[1]) for r in cur.fetchall()}
-
-        best = rank(lists, weights, n, avg, last, limit, count)
-        return self._hits(cur, conv, cid, best, summary)
-
-    def _search_pg(
-        self, cur: Any, conv: int, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
-    ) -> list[Hit]:
-        """BM25 over each query word's newest matching rows (PostgreSQL; see :mod:`.recall`): one
-        statement finds the rows not kept yet with their lengths and the word's count, from the
-        tsvector. Statistics as on SQLite."""
-        summary = kind != "message"
-        body = json.loads(row[9])
-        last = max(int(body["last"]), 1)
-        cap = max(CANDIDATES_PER_WORD, limit)
-        weights = query.group_weights()
-        upto = summaries_key(body) if summary else last
-        lists, stale = self._lists(row, kind, list(weights), cap, upto)
-        few = int(body.get("topics", 0)) + int(body.get("archives", 0)) <= min(cap, SMALL_CONVERSATION)
-        if stale and summary and few:
-            refreshed = self._pg_few_summaries(cur, conv, cap, upto, stale)
-            lists.update(refreshed)
-            self._keep(row, kind, refreshed)
-        if stale and not summary:
-            refreshed = self._pg_new_messages(cur, conv, last, cap, stale)
-            lists.update(refreshed)
-            self._keep(row, kind, refreshed)
+    def _pg_lists(
+        self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
+    ) -> dict[Group, Candidates]:
+        """PostgreSQL: the ``stale`` lists, with their counts. A small conversation's, and the
+        messages written since a kept list, come from one planned statement over the rows
+        themselves; the rest from one statement of each word's newest matches."""
+        fresh: dict[Group, Candidates] = {}
+        if at.summary:
+            few = int(at.body.get("topics", 0)) + int(at.body.get("archives", 0))
+            if few <= min(at.cap, SMALL_CONVERSATION):
+                fresh.update(self._pg_few_summaries(cur, at, stale))
+        else:
+            fresh.update(self._pg_new_messages(cur, at, stale))
         if stale:
             groups = list(stale)
             since = [None if old is None else int(old.upto) for old in stale.values()]
-            cur.execute(self.q.pg_candidates(groups, summary, since), {"conv": conv, "cap": cap})
+            cur.execute(self.q.pg_candidates(groups, at.summary, since), {"conv": at.conv, "cap": at.cap})
             per: dict[int, list[tuple[int, int, int, int]]] = {}
             for k, i, recency, dl, count in cur.fetchall():
                 per.setdefault(int(k), []).append((int(i), int(recency), int(dl), int(count)))
-            fresh: dict[Group, Candidates] = {}
             for k, g in enumerate(groups):
                 rows = sorted(per.get(k, []), key=lambda x: (-x[1], -x[0]))
                 # Read committed: rows written after the state was read wait for the next call.
-                kept = rows if summary else [x for x in rows if x[1] <= last]
-                c = candidates(cap, upto, kept, len(rows))
-                old = stale[g]
-                fresh[g] = old.merged(c) if old is not None and not summary else c
-            lists.update(fresh)
-            self._keep(row, kind, fresh)
-        n, avg = collection(summary, body, _lengths(lists), last)
-        best = rank(lists, weights, n, avg, last, limit, None)
-        return self._hits(cur, conv, cid, best, summary)
+                kept = rows if at.summary else [x for x in rows if x[1] <= at.last]
+                fresh[g] = _extended(stale[g], candidates(at.cap, at.upto, kept, len(rows)))
+        return fresh
 
     def _pg_new_messages(
-        self, cur: Any, conv: int, last: int, cap: int, stale: dict[Group, Candidates | None]
+        self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
     ) -> dict[Group, Candidates]:
         """Single-word message lists from one planned statement over the messages themselves, taken
         out of ``stale``: a kept list brought up to date from the messages written since (usually a
         row or two), and in a conversation of at most :data:`SMALL_CONVERSATION` messages, a list
         made from scratch (reading them all costs less than planning a statement per word). What it
         cannot do (a phrase; more messages than it reads) stays in ``stale``."""
-        small = last <= SMALL_CONVERSATION
+        small = at.last <= SMALL_CONVERSATION
         words_of = {g: f"w{g[0]}" for g, old in stale.items() if len(g) == 1 and (old is not None or small)}
         if not words_of:
             return {}
@@ -968,11 +983,11 @@ class SQLStore:
         for group in words_of:
             kept = stale[group]
             since[group] = 0 if kept is None else int(kept.upto)
-        lim = max(cap, SMALL_CONVERSATION)
+        lim = max(at.cap, SMALL_CONVERSATION)
         params = {
-            "conv": conv,
+            "conv": at.conv,
             "after": min(since.values()),
-            "last": last,
+            "last": at.last,
             "lexemes": list(words_of.values()),
             "lim": lim,
         }
@@ -982,29 +997,28 @@ class SQLStore:
             return {}  # many messages: each word's newest ones are found by the index instead
         fresh: dict[Group, Candidates] = {}
         for g, found in by_word(rows, {w: g for g, w in words_of.items()}).items():
-            old = stale.pop(g)
             if since[g]:
                 found = [x for x in found if x[1] > since[g]]
-            c = candidates(cap, last, found[:cap], len(found))
-            fresh[g] = c if old is None else old.merged(c)
+            fresh[g] = _extended(stale.pop(g), candidates(at.cap, at.last, found[: at.cap], len(found)))
         return fresh
 
     def _pg_few_summaries(
-        self, cur: Any, conv: int, cap: int, upto: Any, stale: dict[Group, Candidates | None]
+        self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
     ) -> dict[Group, Candidates]:
         """Single-word summary lists of a conversation with at most ``cap`` summaries, from one
         planned statement over all of them (taken out of ``stale``; phrases stay there)."""
         words_of = {g: f"w{g[0]}" for g in stale if len(g) == 1}
         if not words_of:
             return {}
-        cur.execute(self.q.pg_summaries, {"conv": conv, "lexemes": list(words_of.values()), "lim": cap + 1})
+        params = {"conv": at.conv, "lexemes": list(words_of.values()), "lim": at.cap + 1}
+        cur.execute(self.q.pg_summaries, params)
         rows = cur.fetchall()
-        if len(rows) > cap:
+        if len(rows) > at.cap:
             return {}
         fresh: dict[Group, Candidates] = {}
         for g, found in by_word(rows, {w: g for g, w in words_of.items()}).items():
             del stale[g]
-            fresh[g] = candidates(cap, upto, found, len(found))
+            fresh[g] = candidates(at.cap, at.upto, found, len(found))
         return fresh
 
     def _hits(self, cur: Any, conv: int, cid: str, best: list[tuple[float, int]], summary: bool) -> list[Hit]:
@@ -1384,15 +1398,16 @@ def _seq(m: StoredMessage) -> int:
     return m.sequence
 
 
-def _counter(groups: list[tuple[str, ...]]) -> Callable[[str], Callable[[tuple[str, ...]], int]]:
-    """How often each query group occurs in a text, as :func:`~..core.ranking.phrase_count` over
-    its words counts it."""
+def _occurrences(text: str) -> Callable[[Group], int]:
+    """How often each query group occurs in ``text``, as :func:`~..core.ranking.phrase_count`
+    over its words counts it."""
+    doc = words(text)
+    return lambda g: phrase_count(doc, g)
 
-    def by_words(text: str) -> Callable[[tuple[str, ...]], int]:
-        doc = words(text)
-        return lambda g: phrase_count(doc, g)
 
-    return by_words
+def _extended(old: Candidates | None, new: Candidates) -> Candidates:
+    """``new`` (a word's matches after a kept list's ``upto``, or all of them) in front of ``old``."""
+    return new if old is None else old.merged(new)
 
 
 def _first_varint(blob: bytes) -> int:
