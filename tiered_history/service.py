@@ -67,7 +67,6 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 T = TypeVar("T")
-V = TypeVar("V")
 
 #: Optimistic attempts at a write before planning it under the conversation's lock instead.
 OPTIMISTIC_ATTEMPTS = 3
