@@ -197,6 +197,20 @@ def _ranked(store: SQLStore, text: str, kind: str, limit: int) -> list[tuple[int
     ]
 
 
+@contextmanager
+def _kept_writer_fresh(url: str) -> Iterator[tuple[SQLStore, SyncHistoryCompressor, SQLStore]]:
+    """A store that keeps search candidates, another compressor that writes, and a store whose
+    kept candidates a caller clears before each search (to rank as keeping nothing)."""
+    with (
+        SyncHistoryCompressor(url) as kept,
+        SyncHistoryCompressor(url) as writer,
+        SyncHistoryCompressor(url) as fresh,
+    ):
+        ks, fs = kept.reply.store, fresh.reply.store
+        assert isinstance(ks, SQLStore) and isinstance(fs, SQLStore)
+        yield ks, writer, fs
+
+
 def test_kept_candidates_rank_what_a_fresh_search_ranks(sql_url: str) -> None:
     """Candidate lists kept between searches (brought up to date with the messages written since,
     dropped when the summaries change or the conversation is made again) rank exactly what a
@@ -207,13 +221,7 @@ def test_kept_candidates_rank_what_a_fresh_search_ranks(sql_url: str) -> None:
 
     rng = random.Random(5)
     vocab = ["ferry", "kite", "budget", "oven", "zanzibar", "lantern", "pasta", "harbour", "rain", "code"]
-    with (
-        SyncHistoryCompressor(sql_url) as kept,
-        SyncHistoryCompressor(sql_url) as writer,
-        SyncHistoryCompressor(sql_url) as fresh,
-    ):
-        ks, fs = kept.reply.store, fresh.reply.store
-        assert isinstance(ks, SQLStore) and isinstance(fs, SQLStore)
+    with _kept_writer_fresh(sql_url) as (ks, writer, fs):
         i = 0
         for step in range(70):
             burst = rng.choice([1, 1, 2, 5, 90])  # 90: more new matches than a list holds
@@ -497,13 +505,7 @@ def _replay(url: str, rounds: list[tuple[list[list[str]], str | None, list[str]]
     from tiered_history.store.recall import CandidateCache
 
     now = datetime.now(UTC) - timedelta(hours=1)
-    with (
-        SyncHistoryCompressor(url) as kept,
-        SyncHistoryCompressor(url) as writer,
-        SyncHistoryCompressor(url) as fresh,
-    ):
-        ks, fs = kept.reply.store, fresh.reply.store
-        assert isinstance(ks, SQLStore) and isinstance(fs, SQLStore)
+    with _kept_writer_fresh(url) as (ks, writer, fs):
         i = 0
         for texts, event, words in rounds:
             if texts:
