@@ -200,12 +200,8 @@ def rank(
                 uncounted.add(i)
                 t = most
             bound[i] = bound.get(i, 0.0) + cg * t * k1p1 / (t + e[2])
-    held = info
-    recency = {i: e[3] for i, e in info.items()}
-    lengths = {i: e[1] for i, e in info.items()}
-    norms = {i: e[2] for i, e in info.items()}
     # Best bound first, then the newest, then the highest id (compared as tuples, in C).
-    order = [-k[2] for k in sorted([(-b, -recency[i], -i) for i, b in bound.items()])]
+    order = [-k[2] for k in sorted([(-b, -info[i][3], -i) for i, b in bound.items()])]
     best: list[tuple[float, int, int]] = []
     pending: list[int] = []
     kth, step = float("-inf"), max(limit // 2, 8)  # texts counted a few at a time: each costs
@@ -226,9 +222,10 @@ def rank(
                     tf_of = counted.get(i)
                     c.tf[j] = tf = max(tf_of(g), 1) if tf_of is not None else 1
                     # Bounded by the index's own length of the row (its word split may differ).
-                    t = min(tf, max((lengths[i] - held[i][0] + 1) // size, 1))
-                    exact[i] += cg * t * k1p1 / (t + norms[i])
-            best.extend((score, recency[i], i) for i, score in exact.items())
+                    e = info[i]
+                    t = min(tf, max((e[1] - e[0] + 1) // size, 1))
+                    exact[i] += cg * t * k1p1 / (t + e[2])
+            best.extend((score, info[i][3], i) for i, score in exact.items())
             pending.clear()
         best.sort(key=lambda x: (-x[0], -x[1], -x[2]))
         del best[limit:]
@@ -245,7 +242,7 @@ def rank(
             if len(pending) >= step:
                 settle()
         else:
-            best.append((bound[i], recency[i], i))
+            best.append((bound[i], info[i][3], i))
             if len(best) >= 2 * limit:
                 settle()
     settle()
