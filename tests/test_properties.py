@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import tiktoken
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from tiered_history import (
@@ -549,8 +549,8 @@ def _recalled(entry: Any) -> bool:
 
 
 COMMON = {
-    # Fixed examples: a red run is reproducible from the log. (Random exploration found a
-    # prefix-stability failure that is still open: see the closing note of 2026-11-23.)
+    # Fixed examples: a red run is reproducible from the log. Random exploration (derandomize off,
+    # thousands of examples) finds what they miss: its finds are pinned below as @example.
     "derandomize": True,
     "deadline": None,
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
@@ -564,7 +564,34 @@ given_script = given(
 )
 
 
+#: Found by random exploration: the window started at a tool call that was still awaiting its
+#: results; once the user moved on the call was left out, the window lost its start and was chosen
+#: anew, and the archive block before it went (a prefix rewrite without an event).
+ABANDONED_CALL_AT_WINDOW_START = [
+    *[("msg", "user", 1, False, 1)] * 6,
+    *[("tools", 1, [1, 1, 1], False)] * 3,
+    ("msg", "user", 15, True, 1),
+    ("pin", "system", 1),
+    ("msg", "user", 1, False, 1),
+    ("msg", "user", 1, False, 1),
+    ("seal",),
+    ("msg", "user", 1, False, 1),
+    ("msg", "user", 58, False, 1),
+    ("seal",),
+    ("msg", "user", 1, False, 1),
+    ("tools", 1, [60, 1, 1500], False),
+    ("msg", "user", 1, False, 1),
+    ("pin", "system", 1),
+    ("tools", 1, [1, 1, 1], False),
+    ("pin", "system", 1),
+    ("tools", 2, [1, 1500, 1], False),
+    ("tools", 2, [3638, 1, 1], True),
+    ("maintain", 1, False),
+]
+
+
 @settings(max_examples=150, **COMMON)
+@example(ops=ABANDONED_CALL_AT_WINDOW_START, budgets=[32], context_budget=200, seed=1)
 @given_script
 def test_properties_memory(
     ops: list[tuple[Any, ...]], budgets: list[int], context_budget: int, seed: int

@@ -27,6 +27,7 @@ exceeds ``max_tokens``.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -556,11 +557,10 @@ def _choose(
     what that start leaves unused beyond the growth room goes to more summaries (``widen``). Only
     a window that no longer fits at all moves between events.
     """
-    at = {u[0].sequence: i for i, u in enumerate(units)}
     first = 0
     mark = rows.mark
-    if mark is not None and mark.budget == budget and mark.start in at:
-        i0 = at[mark.start]
+    i0 = _kept_start(units, mark.start, aligned) if mark is not None and mark.budget == budget else None
+    if mark is not None and i0 is not None:
         blocks = frozen() if rows.frozen or not mark.shown else stable(i0)
         if fits(i0, blocks, 0 if mark.epoch == rows.epoch else rows.growth, kept=mark.epoch == rows.epoch):
             return i0, blocks
@@ -582,6 +582,22 @@ def _choose(
             if fits(i, blocks, room):
                 return i, widen(i, blocks, room, False)
     return None, (_Block("bulk"), _Block("topic"))
+
+
+def _kept_start(
+    units: Sequence[Sequence[StoredMessage]], start: int, aligned: Callable[[int], bool]
+) -> int | None:
+    """The unit a window marked as starting at message ``start`` starts at now, if any.
+
+    Usually the unit that begins there. Its first message can be gone from the units since: a tool
+    call left unanswered once the user moved on is left out, a message pinned since leaves the
+    window. The window then starts at the next unit, so what came before it (the cached prefix)
+    stays as it was; unless that unit lies inside a summarised range (never a window start).
+    """
+    i = bisect_left(units, start, key=lambda u: u[0].sequence)
+    if i == len(units) or (units[i][0].sequence != start and not aligned(i)):
+        return None
+    return i
 
 
 def _recall_position(window: Sequence[StoredMessage]) -> int:
