@@ -475,15 +475,19 @@ def _relevance_layout(
     """A context too short for a provider to cache, laid out for relevance alone.
 
     The window takes its share; recall comes first in the topic tier (what matches the newest
-    message wins over what is merely recent); topic summaries fill what recall leaves (and, when
-    redistributing, what the other tiers leave); then the window reaches back over what is left,
-    swapping the newest summaries back for their messages while they fit.
+    message wins over what is merely recent) and, when redistributing, in what the window and the
+    archives leave of theirs; topic summaries fill what recall leaves; then the window reaches
+    back over what is left, swapping the newest summaries back for their messages while they fit;
+    room still left (whole items rarely fill it exactly) goes to more recall.
     """
     chosen = at_share
     if suffix[chosen] + archives.tokens > avail:
         archives = _Block("bulk")
     window = [m for u in units[chosen:] for m in u]
-    room = min(alloc.topics, avail - suffix[chosen] - archives.tokens)
+    # What matches the newest message wins over what is merely recent: recall may take all the
+    # room the window and the archives leave (only the topic tier's share without redistributing).
+    free = avail - suffix[chosen] - archives.tokens
+    room = free if redistribute else min(alloc.topics, free)
     recalled, note, note_tokens = _recall(rows, window, _Block("topic"), archives, room, measure)
     spent = note_tokens + sum(_cost(c.messages) for c in recalled)
     taken = {c.summary.id for c in recalled if c.summary is not None}
@@ -516,6 +520,15 @@ def _relevance_layout(
             break
         chosen, topics = start, rest
     window = [m for u in units[chosen:] for m in u]
+    # Whole units and summaries rarely fill the room exactly: what the window and the summaries
+    # left goes to recall too (the picks are greedy by score, so they only gain).
+    left = avail - suffix[chosen] - archives.tokens - topics.tokens - spent
+    if not redistribute:
+        left = min(left, alloc.topics - topics.tokens - spent)
+    if left > 0 and rows.recall:
+        more = _recall(rows, window, topics, archives, spent + left, measure)
+        if more[2] + sum(_cost(c.messages) for c in more[0]) > spent:
+            recalled, note, note_tokens = more
     return _context(
         conversation_id,
         max_tokens,
@@ -625,29 +638,36 @@ def _recall(
     spent = 0
     sample = datetime(2000, 1, 1, tzinfo=UTC)  # any date: the note's length hardly depends on it
     note_estimate = measure(recall_note(1, start, sample, sample)) + 8
-    summaries: list[Summary] = []
     taken: set[int] = set()  # sequences already recalled (a call and its result both match)
-    for cand in sorted(rows.recall, key=lambda c: -c.score):
-        if cand.summary is not None:
-            if cand.summary.id in shown or cand.summary.first_sequence >= start:
+    ranked = sorted(rows.recall, key=lambda c: -c.score)
+    spans: list[tuple[int, int]] = []
+    # First what adds something new; then, in room still left, what repeats part of a pick (a
+    # message of a recalled summary's topic keeps details the summary left out).
+    for distinct in (True, False):
+        for cand in ranked:
+            if any(cand is c for c in picked):
                 continue
-            cost = cand.summary.token_count
-        else:
-            if (
-                not cand.messages
-                or cand.messages[-1].sequence >= start
-                or any(m.pinned for m in cand.messages)
-                or any(m.sequence in taken for m in cand.messages)
-            ):
+            if distinct and any(cand.first <= hi and lo <= cand.last for lo, hi in spans):
                 continue
-            cost = _cost(cand.messages)
-        if spent + cost + note_estimate > room:
-            continue
-        picked.append(cand)
-        taken.update(m.sequence for m in cand.messages)
-        spent += cost
-        if cand.summary is not None:
-            summaries.append(cand.summary)
+            if cand.summary is not None:
+                if cand.summary.id in shown or cand.summary.first_sequence >= start:
+                    continue
+                cost = cand.summary.token_count
+            else:
+                if (
+                    not cand.messages
+                    or cand.messages[-1].sequence >= start
+                    or any(m.pinned for m in cand.messages)
+                    or any(m.sequence in taken for m in cand.messages)
+                ):
+                    continue
+                cost = _cost(cand.messages)
+            if spent + cost + note_estimate > room:
+                continue
+            picked.append(cand)
+            spans.append((cand.first, cand.last))
+            taken.update(m.sequence for m in cand.messages)
+            spent += cost
     if not picked:
         return [], "", 0
     picked.sort(key=lambda c: (c.first, c.last))

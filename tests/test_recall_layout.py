@@ -1,0 +1,115 @@
+"""What recall puts in the context: the core's choice among scored candidates (no store, no model)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from tiered_history.core.assembly import Recalled, Rows, Shares, _Block, _recall, assemble
+from tiered_history.models import StoredMessage, Summary
+from tiered_history.tokens import TokenCounter
+
+COUNTER = TokenCounter()
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+SHARES = Shares(0.5, 0.3, 0.2)
+
+
+def message(seq: int, text: str, role: str = "user") -> StoredMessage:
+    n = COUNTER.message_tokens({"role": role, "content": text})
+    return StoredMessage("c", seq, role, text, T0 + timedelta(minutes=seq), n, n)  # type: ignore[arg-type]
+
+
+def summary(id_: int, first: int, last: int, text: str) -> Summary:
+    n = COUNTER.count(text) + 12
+    return Summary(
+        id_,
+        "c",
+        "topic",
+        id_,
+        first,
+        last,
+        text,
+        text,
+        n,
+        n * 4,
+        T0,
+        T0,
+        "summarized",  # type: ignore[arg-type]
+    )
+
+
+def measure(text: str) -> int:
+    return COUNTER.message_tokens({"role": "user", "content": text})
+
+
+def filler(seq: int) -> str:
+    return f"Item {seq}: the delivery van for depot {seq} leaves at {seq % 12 + 1} o'clock with crates."
+
+
+def _small_topic_after_a_long_one() -> Rows:
+    old = [message(i, filler(i)) for i in range(1, 61)]
+    newest = [message(61, "Noted.", "assistant"), message(62, "Which van leaves for which depot?")]
+    return Rows(
+        pinned=[],
+        recent=[*old, *newest],
+        end_position=sum(m.token_count for m in [*old, *newest]),
+        topics=[summary(100, 1, 60, "Vans and depots were listed.")],
+        recall=[Recalled(70.0 - i, messages=(m,)) for i, m in enumerate(old)],
+        summarized_upto=60,
+    )
+
+
+def test_at_a_small_budget_room_the_window_and_summaries_leave_goes_to_recall() -> None:
+    """The open topic is two messages and the rest is summarised: the room the window leaves goes
+    to what matches the newest message (not only the topic tier's share of it), ahead of the
+    summary, which is merely recent."""
+    rows = _small_topic_after_a_long_one()
+    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=rows)
+    assert ctx.current_topic[-1].sequence == 62
+    assert ctx.tier_tokens["recall"] > ctx.allocation["topic"]
+    assert ctx.tier_tokens["current"] < ctx.allocation["current"] // 2
+    assert ctx.total_tokens <= 1000
+    # Best first: the recalled ones are the best-scoring (the oldest here), shown oldest first.
+    seqs = [m.sequence for m in ctx.recalled]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert 1000 - ctx.total_tokens < rows.recent[0].token_count + 8  # nothing more would have fitted
+
+
+def test_without_redistribution_recall_keeps_to_the_topic_tiers_share() -> None:
+    shares = Shares(0.5, 0.3, 0.2, redistribute=False)
+    ctx = assemble(
+        conversation_id="c",
+        max_tokens=1000,
+        shares=shares,
+        counter=COUNTER,
+        rows=_small_topic_after_a_long_one(),
+    )
+    assert 0 < ctx.tier_tokens["recall"] + ctx.tier_tokens["topic"] <= ctx.allocation["topic"]
+
+
+def test_recall_prefers_what_adds_something_new_to_what_repeats_a_pick() -> None:
+    """A message inside a recalled summary's topic repeats part of it: while the room is short,
+    a match from elsewhere goes first; repeats only fill room nothing new fits in."""
+    msgs = [message(i, filler(i)) for i in range(1, 31)]
+    window = [message(31, "Which van leaves for which depot?")]
+    first_topic = summary(100, 1, 10, "Vans one to ten and their depots were listed with times.")
+    candidates = [
+        Recalled(10.0, summary=first_topic),
+        Recalled(9.0, messages=(msgs[2],)),
+        Recalled(8.5, messages=(msgs[4],)),
+        Recalled(5.0, messages=(msgs[14],)),
+        Recalled(4.0, messages=(msgs[16],)),
+    ]
+    rows = Rows(pinned=[], recent=[*msgs, *window], end_position=0, topics=[first_topic], recall=candidates)
+    # Room for the summary and two messages with their note, and not for a fourth item.
+    fresh = [candidates[0], *candidates[3:]]
+    _, _, note_tokens = _recall(
+        replace(rows, recall=fresh), window, _Block("topic"), _Block("bulk"), 2000, measure
+    )
+    room = note_tokens + msgs[14].token_count + msgs[16].token_count + 12  # (picks estimate the note)
+    picked, note, tokens = _recall(rows, window, _Block("topic"), _Block("bulk"), room, measure)
+    assert note and tokens + sum(m.token_count for c in picked for m in c.messages) <= room
+    assert [(c.first, c.last) for c in picked] == [(1, 10), (15, 15), (17, 17)]
+    # With room for everything, the repeats come too.
+    picked, _, _ = _recall(rows, window, _Block("topic"), _Block("bulk"), 2000, measure)
+    assert [(c.first, c.last) for c in picked] == [(1, 10), (3, 3), (5, 5), (15, 15), (17, 17)]
