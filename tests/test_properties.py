@@ -590,8 +590,26 @@ ABANDONED_CALL_AT_WINDOW_START = [
 ]
 
 
+#: Found by random exploration: a message after a seal reopened the topic sealed just before
+#: (its summary superseded); the window kept its start and the blocks shown with it, so the
+#: superseded summary was still sent.
+SUMMARY_SUPERSEDED_BESIDE_THE_WINDOW = [
+    ("seal",),
+    ("pin", "system", 298),
+    ("msg", "user", 1, False, 1),
+    ("seal",),
+    ("msg", "user", 42, False, 1),
+    ("tools", 1, [3908, 1, 1], False),
+    ("seal",),
+    ("maintain", 1, False),
+    ("msg", "user", 1, False, 45),
+    ("pin", "system", 1),
+]
+
+
 @settings(max_examples=150, **COMMON)
 @example(ops=ABANDONED_CALL_AT_WINDOW_START, budgets=[32], context_budget=200, seed=1)
+@example(ops=SUMMARY_SUPERSEDED_BESIDE_THE_WINDOW, budgets=[32], context_budget=600, seed=32)
 @given_script
 def test_properties_memory(
     ops: list[tuple[Any, ...]], budgets: list[int], context_budget: int, seed: int
