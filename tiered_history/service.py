@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from .core.assembly import Recalled, Rows, Shares, assemble
+from .core.assembly import Recalled, Rows, Shares, assemble, group_units, returned_topic
 from .core.boundaries import BoundaryRules, reply_sequence
 from .core.budget import (
     MIN_MAX_TOKENS,
@@ -874,6 +874,9 @@ class ReplyPath:
         archives = sorted((summ(a) for a in snap.summaries[1] if a.content), key=lambda a: a.first_sequence)
         text = self._query_text(recent, query)
         recall = [self._recounted_candidate(c) if recount else c for c in self._recall(conversation_id, text)]
+        back = self._topic_back(conversation_id, recall, topics, max_tokens)
+        if back is not None:
+            recall.append(self._recounted_candidate(back) if recount else back)
         pinned = [fix(m) for m in snap.pinned]
         rows = Rows(
             pinned=pinned,
@@ -971,6 +974,27 @@ class ReplyPath:
             if h.summary is not None and h.summary.content and h.score >= min_score:
                 out.append(Recalled(h.score, summary=h.summary))
         return out
+
+    def _topic_back(
+        self, conversation_id: str, recall: Sequence[Recalled], topics: Sequence[Summary], max_tokens: int
+    ) -> Recalled | None:
+        """The topic the newest message goes back to, whole, as a recall candidate (see
+        :func:`returned_topic`): read only when one stands out and could fit half the budget."""
+        found = returned_topic(recall, topics)
+        if found is None:
+            return None
+        topic, strength = found
+        if topic.source_tokens > max_tokens // 2:
+            return None
+        rows = self.store.read_messages(conversation_id, topic.first_sequence, topic.last_sequence)
+        # Pinned messages are sent first anyway; one inside a tool unit would break the unit.
+        kept = [m for m in rows if not m.pinned]
+        if any(m.role == "tool" or m.tool_calls for m in rows if m.pinned):
+            return None
+        units = group_units(kept)
+        if not kept or sum(len(u) for u in units) != len(kept) or units[-1][-1].tool_calls:
+            return None
+        return Recalled(strength, messages=tuple(kept))
 
     def _recounted_candidate(self, c: Recalled) -> Recalled:
         if c.summary is not None:

@@ -27,7 +27,7 @@ exceeds ``max_tokens``.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -75,6 +75,35 @@ class Recalled:
     @property
     def last(self) -> int:
         return self.messages[-1].sequence if self.messages else self.summary.last_sequence  # type: ignore[union-attr]
+
+
+#: A sealed topic holding at least this share of what recall found (its messages' and its
+#: summary's scores) is the one the newest message goes back to.
+RETURN_SHARE = 0.5
+
+
+def returned_topic(candidates: Sequence[Recalled], topics: Sequence[Summary]) -> tuple[Summary, float] | None:
+    """The sealed topic the newest message goes back to, with its strength, if one stands out.
+
+    A topic's strength is the sum of the scores of the candidates inside its range (matching
+    messages, and its own summary). It stands out with at least two of them and at least
+    :data:`RETURN_SHARE` of all candidates' strength: then its messages, verbatim, are recalled
+    first when they fit (the swap-back), its summary or best messages when they do not."""
+    total = sum(c.score for c in candidates)
+    if total <= 0 or not topics:
+        return None
+    ordered = sorted(topics, key=lambda t: t.first_sequence)  # topics never overlap
+    strength: dict[int, float] = {}
+    inside: dict[int, int] = {}
+    for c in candidates:
+        i = bisect_right(ordered, c.first, key=lambda t: t.first_sequence) - 1
+        if i >= 0 and c.last <= ordered[i].last_sequence:
+            strength[i] = strength.get(i, 0.0) + c.score
+            inside[i] = inside.get(i, 0) + 1
+    top = max(strength, key=lambda k: strength[k], default=None)
+    if top is None or inside[top] < 2 or strength[top] < RETURN_SHARE * total:
+        return None
+    return ordered[top], strength[top]
 
 
 @dataclass(frozen=True, slots=True)
