@@ -673,31 +673,31 @@ def _recall(
     sample = datetime(2000, 1, 1, tzinfo=UTC)  # any date: the note's length hardly depends on it
     note_estimate = measure(recall_note(1, start, sample, sample)) + 8
     taken: set[int] = set()  # sequences already recalled (a call and its result both match)
-    ranked = sorted(rows.recall, key=lambda c: -c.score)
+    # What may be recalled at all, best first, with its cost: not in the context already (a summary
+    # shown, a message in the window), no pinned message (those are sent first anyway).
+    eligible: list[tuple[Recalled, int]] = []
+    for cand in sorted(rows.recall, key=lambda c: -c.score):
+        if cand.summary is not None:
+            if cand.summary.id in shown or cand.summary.first_sequence >= start:
+                continue
+            eligible.append((cand, cand.summary.token_count))
+        elif (
+            cand.messages and cand.messages[-1].sequence < start and not any(m.pinned for m in cand.messages)
+        ):
+            eligible.append((cand, _cost(cand.messages)))
     spans: list[tuple[int, int]] = []
+    done = [False] * len(eligible)
     # First what adds something new; then, in room still left, what repeats part of a pick (a
     # message of a recalled summary's topic keeps details the summary left out).
     for distinct in (True, False):
-        for cand in ranked:
-            if any(cand is c for c in picked):
+        for k, (cand, cost) in enumerate(eligible):
+            if done[k] or spent + cost + note_estimate > room:
                 continue
             if distinct and any(cand.first <= hi and lo <= cand.last for lo, hi in spans):
                 continue
-            if cand.summary is not None:
-                if cand.summary.id in shown or cand.summary.first_sequence >= start:
-                    continue
-                cost = cand.summary.token_count
-            else:
-                if (
-                    not cand.messages
-                    or cand.messages[-1].sequence >= start
-                    or any(m.pinned for m in cand.messages)
-                    or any(m.sequence in taken for m in cand.messages)
-                ):
-                    continue
-                cost = _cost(cand.messages)
-            if spent + cost + note_estimate > room:
+            if any(m.sequence in taken for m in cand.messages):
                 continue
+            done[k] = True
             picked.append(cand)
             spans.append((cand.first, cand.last))
             taken.update(m.sequence for m in cand.messages)
