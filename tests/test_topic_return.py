@@ -5,8 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
-
 from tiered_history import HistoryCompressor
 
 T0 = datetime(2026, 4, 6, 9, 0, tzinfo=UTC)
@@ -69,10 +67,8 @@ def texts(messages: Any) -> list[str]:
     return [m.content for m in messages]
 
 
-@pytest.mark.parametrize("url", ["memory://", "sqlite"])
-async def test_the_topic_gone_back_to_comes_back_word_for_word_when_it_fits(url: str, tmp_path: Any) -> None:
-    target = f"sqlite:///{tmp_path / 'back.db'}" if url == "sqlite" else url
-    async with HistoryCompressor.from_url(target, context_budget=1000, boundaries=EXPLICIT_ONLY) as hc:
+async def test_the_topic_gone_back_to_comes_back_word_for_word_when_it_fits(db_url: str) -> None:
+    async with HistoryCompressor.from_url(db_url, context_budget=1000, boundaries=EXPLICIT_ONLY) as hc:
         await conversation(hc, "c")
         history = await hc.get_history("c")
         cluster = next(t for t in history.topics if t.first_sequence == 1)
