@@ -145,23 +145,28 @@ def group_units(messages_oldest_first: Sequence[StoredMessage]) -> list[list[Sto
     (the bot is running the tools right now).
     """
     units: list[list[StoredMessage]] = []
-    complete: list[bool] = []
+    awaiting: dict[int, set[str]] = {}  # unit index -> ids of its calls not answered yet
     pending: set[str] = set()
     for m in messages_oldest_first:
         if m.role == "tool":
-            if units and m.tool_call_id in pending:
+            if m.tool_call_id in pending:
                 units[-1].append(m)
                 pending.discard(str(m.tool_call_id))
-                complete[-1] = not pending
             continue
         units.append([m])
-        pending = {str(c.get("id")) for c in m.tool_calls} if m.tool_calls else set()
-        complete.append(not pending)
-    return [u for i, u in enumerate(units) if complete[i] or i == len(units) - 1]
+        if m.tool_calls:
+            pending = awaiting[len(units) - 1] = {str(c.get("id")) for c in m.tool_calls}
+        elif pending:
+            pending = set()
+    # Runs on every read over the whole window: most windows hold no unanswered call at all.
+    last = len(units) - 1
+    if not any(ids for i, ids in awaiting.items() if i != last):
+        return units
+    return [u for i, u in enumerate(units) if i == last or not awaiting.get(i)]
 
 
 def _cost(unit: Sequence[StoredMessage]) -> int:
-    return sum(m.token_count for m in unit)
+    return unit[0].token_count if len(unit) == 1 else sum(m.token_count for m in unit)
 
 
 def fit_unit(counter: TokenCounter, unit: list[StoredMessage], limit: int) -> list[StoredMessage]:
