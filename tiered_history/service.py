@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
@@ -874,7 +875,7 @@ class ReplyPath:
         archives = sorted((summ(a) for a in snap.summaries[1] if a.content), key=lambda a: a.first_sequence)
         text = self._query_text(recent, query)
         recall = [self._recounted_candidate(c) if recount else c for c in self._recall(conversation_id, text)]
-        back = self._topic_back(conversation_id, recall, topics, max_tokens)
+        back = self._topic_back(conversation_id, recall, topics, max_tokens, recent)
         if back is not None:
             recall.append(self._recounted_candidate(back) if recount else back)
         pinned = [fix(m) for m in snap.pinned]
@@ -976,17 +977,28 @@ class ReplyPath:
         return out
 
     def _topic_back(
-        self, conversation_id: str, recall: Sequence[Recalled], topics: Sequence[Summary], max_tokens: int
+        self,
+        conversation_id: str,
+        recall: Sequence[Recalled],
+        topics: Sequence[Summary],
+        max_tokens: int,
+        recent: Sequence[StoredMessage],
     ) -> Recalled | None:
         """The topic the newest message goes back to, whole, as a recall candidate (see
-        :func:`returned_topic`): read only when one stands out and could fit half the budget."""
+        :func:`returned_topic`), when one stands out and could fit half the budget: taken from the
+        recent messages read already when it is among them, else read."""
         found = returned_topic(recall, topics)
         if found is None:
             return None
         topic, strength = found
         if topic.source_tokens > max_tokens // 2:
             return None
-        rows = self.store.read_messages(conversation_id, topic.first_sequence, topic.last_sequence)
+        lo, hi = topic.first_sequence, topic.last_sequence
+        if recent and recent[0].sequence <= lo:
+            # Unpinned messages, in order: a slice (pinned ones are sent first anyway).
+            rows = [m for m in recent[bisect_left(recent, lo, key=_seq) :] if m.sequence <= hi]
+        else:
+            rows = self.store.read_messages(conversation_id, lo, hi)
         # Pinned messages are sent first anyway; one inside a tool unit would break the unit.
         kept = [m for m in rows if not m.pinned]
         if any(m.role == "tool" or m.tool_calls for m in rows if m.pinned):
@@ -1103,6 +1115,10 @@ class ReplyPath:
 
 #: Largest tool unit recall completes (a call with this many results around a hit).
 MAX_UNIT = 32
+
+
+def _seq(m: StoredMessage) -> int:
+    return m.sequence
 
 
 def _unit_of(hit: StoredMessage, around: dict[int, StoredMessage]) -> tuple[StoredMessage, ...]:
