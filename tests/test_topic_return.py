@@ -91,3 +91,29 @@ async def test_a_topic_too_large_for_the_room_comes_back_as_its_summary_or_best_
         summaries = [s for s in ctx.recalled_summaries + ctx.historical_topics if s.first_sequence == 1]
         assert summaries or recalled & set(TOPICS["cluster"])
         assert ctx.total_tokens <= 300
+
+
+async def test_a_topic_brought_back_keeps_its_tool_calls_with_their_results() -> None:
+    async with HistoryCompressor.from_url("memory://", context_budget=1000, boundaries=EXPLICIT_ONLY) as hc:
+        call = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "k1",
+                    "type": "function",
+                    "function": {"name": "kubectl", "arguments": '{"get": "node pools"}'},
+                }
+            ],
+            "timestamp": T0,
+        }
+        result = {"role": "tool", "tool_call_id": "k1", "content": "node pool blue: 6 nodes", "timestamp": T0}
+        await hc.add_messages("c", [call, result])
+        await conversation(hc, "c")
+        ctx = await hc.get_context("c", max_tokens=1000)
+        sent = ctx.to_messages()
+        assert set(TOPICS["cluster"]) <= set(texts(ctx.recalled))  # the topic came back
+        assert [m.role for m in ctx.recalled[:2]] == ["assistant", "tool"]  # with its tool unit
+        i = next(k for k, m in enumerate(sent) if m.get("tool_calls"))
+        assert sent[i + 1] == {"role": "tool", "tool_call_id": "k1", "content": "node pool blue: 6 nodes"}
+        assert ctx.total_tokens <= 1000
