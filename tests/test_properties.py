@@ -443,13 +443,26 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
         ctx = await hc.get_context(a, max_tokens, query=query)
         check_context(ctx, ha, max_tokens)
         wanted = {w for w in ranking.words(query) if w not in ranking.STOPWORDS}
+        recalled = {x.sequence for x in ctx.recalled}
+
+        def matches(x: StoredMessage, wanted: set[str] = wanted) -> bool:
+            # (a call's arguments are searchable too)
+            return bool(wanted & set(ranking.words(x.content + " " + json.dumps(x.tool_calls or []))))
+
         for m in ctx.recalled:
             # Its whole tool unit: the call and every result (the match may be in any of them).
             call = next((x for x in ctx.recalled if m.tool_call_id in _ids(x)), m)
             unit = [call, *(x for x in ctx.recalled if x.tool_call_id in _ids(call))]
-            # (a call's arguments are searchable too)
-            texts = [x.content + " " + json.dumps(x.tool_calls or []) for x in unit]
-            assert any(wanted & set(ranking.words(t)) for t in texts), (query, m.content)
+            if any(matches(x) for x in unit):
+                continue
+            # Or it belongs to a topic the query goes back to, recalled whole (its unpinned
+            # messages; the topic matches the query in its messages or its summary).
+            topic = next((t for t in ha.topics if t.first_sequence <= m.sequence <= t.last_sequence), None)
+            assert topic is not None, (query, m.content)
+            whole = [x for x in ha.messages if topic.first_sequence <= x.sequence <= topic.last_sequence]
+            assert all(x.sequence in recalled for x in whole if not x.pinned), (query, m.content)
+            assert any(map(matches, whole)) or wanted & set(ranking.words(topic.content)), (query, m.content)
+            event("query goes back to a topic, recalled whole")
         observed.append(("query", max_tokens, ctx.to_messages()))
 
     # Prefix stability: reading again changes nothing; a turn without an event (no seal, summary,
@@ -607,7 +620,24 @@ SUMMARY_SUPERSEDED_BESIDE_THE_WINDOW = [
 ]
 
 
+#: Found by random exploration after the swap-back landed: a query going back to a topic brings
+#: all of it back, messages that do not match the query included (the property now allows that).
+QUERY_GOES_BACK_TO_A_TOPIC = [
+    ("tools", 2, [174, 424, 1], False),
+    ("pin", "system", 1),
+    ("msg", "user", 1500, False, 1),
+    ("seal",),
+    ("msg", "user", 1, False, 1),
+    ("pin", "system", 1),
+    ("pin", "system", 1),
+    ("pin", "system", 1),
+    ("maintain", 1, False),
+    ("msg", "user", 1, False, 1),
+]
+
+
 @settings(max_examples=150, **COMMON)
+@example(ops=QUERY_GOES_BACK_TO_A_TOPIC, budgets=[566], context_budget=2500, seed=0)
 @example(ops=ABANDONED_CALL_AT_WINDOW_START, budgets=[32], context_budget=200, seed=1)
 @example(ops=SUMMARY_SUPERSEDED_BESIDE_THE_WINDOW, budgets=[32], context_budget=600, seed=32)
 @given_script
