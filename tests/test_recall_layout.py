@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from tiered_history.core.assembly import Recalled, Rows, Shares, _Block, _recall, assemble
+from tiered_history.core.assembly import Recalled, Rows, Shares, _Block, _recall, assemble, group_units
 from tiered_history.models import StoredMessage, Summary
 from tiered_history.tokens import TokenCounter
 
@@ -113,3 +113,18 @@ def test_recall_prefers_what_adds_something_new_to_what_repeats_a_pick() -> None
     # With room for everything, the repeats come too.
     picked, _, _ = _recall(rows, window, _Block("topic"), _Block("bulk"), 2000, measure)
     assert [(c.first, c.last) for c in picked] == [(1, 10), (3, 3), (5, 5), (15, 15), (17, 17)]
+
+
+def test_a_sealed_range_keeps_no_unit_still_awaiting_results() -> None:
+    """Only the newest unit of a live window may await its results; in a sealed range (a topic
+    recalled whole) a call without all its results is left out like any other."""
+    call = replace(
+        message(2, "", "assistant"),
+        tool_calls=[
+            {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in "ab"
+        ],
+    )
+    answer = replace(message(3, "result a", "tool"), tool_call_id="a")
+    msgs = [message(1, "Look both up."), call, answer]
+    assert group_units(msgs) == [[msgs[0]], [call, answer]]
+    assert group_units(msgs, open_end=False) == [[msgs[0]]]

@@ -117,3 +117,24 @@ async def test_a_topic_brought_back_keeps_its_tool_calls_with_their_results() ->
         i = next(k for k, m in enumerate(sent) if m.get("tool_calls"))
         assert sent[i + 1] == {"role": "tool", "tool_call_id": "k1", "content": "node pool blue: 6 nodes"}
         assert ctx.total_tokens <= 1000
+
+
+async def test_a_topic_older_than_the_recent_messages_read_comes_back_too(db_url: str) -> None:
+    """The cluster topic lies further back than the messages a 1k read takes in (its budget and a
+    quarter): it is read from the store."""
+    async with HistoryCompressor.from_url(db_url, context_budget=8000, boundaries=EXPLICIT_ONLY) as hc:
+        lines = list(TOPICS["cluster"])
+        for k in range(10):
+            lines += [f"New topic: errand {k}. The bakery order {k} is sourdough and rye for Thursday."]
+            lines += [
+                f"Errand {k} detail {i}: the florist delivers tulips and lilies at {i} o'clock."
+                for i in range(5)
+            ]
+        for i, line in enumerate(lines):
+            role = "user" if i % 2 == 0 else "assistant"
+            await hc.add_message("c", {"role": role, "content": line, "timestamp": T0 + timedelta(minutes=i)})
+        await hc.maintain("c")
+        await hc.add_message("c", {"role": "user", "content": QUESTION})
+        ctx = await hc.get_context("c", max_tokens=1000)
+        assert texts(ctx.recalled) == TOPICS["cluster"]
+        assert ctx.total_tokens <= 1000

@@ -875,9 +875,9 @@ class ReplyPath:
         archives = sorted((summ(a) for a in snap.summaries[1] if a.content), key=lambda a: a.first_sequence)
         text = self._query_text(recent, query)
         recall = [self._recounted_candidate(c) if recount else c for c in self._recall(conversation_id, text)]
-        back = self._topic_back(conversation_id, recall, topics, max_tokens, recent)
+        back = self._topic_back(conversation_id, recall, topics, max_tokens, recent, fix)
         if back is not None:
-            recall.append(self._recounted_candidate(back) if recount else back)
+            recall.append(back)
         pinned = [fix(m) for m in snap.pinned]
         rows = Rows(
             pinned=pinned,
@@ -983,10 +983,12 @@ class ReplyPath:
         topics: Sequence[Summary],
         max_tokens: int,
         recent: Sequence[StoredMessage],
+        fix: Callable[[StoredMessage], StoredMessage],
     ) -> Recalled | None:
         """The topic the newest message goes back to, whole, as a recall candidate (see
         :func:`returned_topic`), when one stands out and could fit half the budget: taken from the
-        recent messages read already when it is among them, else read."""
+        recent messages read already when it is among them, else read (and counted again with
+        ``fix``, as those were)."""
         found = returned_topic(recall, topics)
         if found is None:
             return None
@@ -996,15 +998,17 @@ class ReplyPath:
         lo, hi = topic.first_sequence, topic.last_sequence
         if recent and recent[0].sequence <= lo:
             # Unpinned messages, in order: a slice (pinned ones are sent first anyway).
-            rows = [m for m in recent[bisect_left(recent, lo, key=_seq) :] if m.sequence <= hi]
+            rows = [
+                m for m in recent[bisect_left(recent, lo, key=lambda m: m.sequence) :] if m.sequence <= hi
+            ]
         else:
-            rows = self.store.read_messages(conversation_id, lo, hi)
+            rows = [fix(m) for m in self.store.read_messages(conversation_id, lo, hi)]
         # Pinned messages are sent first anyway; one inside a tool unit would break the unit.
         kept = [m for m in rows if not m.pinned]
         if any(m.role == "tool" or m.tool_calls for m in rows if m.pinned):
             return None
-        units = group_units(kept)
-        if not kept or sum(len(u) for u in units) != len(kept) or units[-1][-1].tool_calls:
+        # Sealed: every call must have all its results, the last one's too.
+        if not kept or sum(len(u) for u in group_units(kept, open_end=False)) != len(kept):
             return None
         return Recalled(strength, messages=tuple(kept))
 
@@ -1115,10 +1119,6 @@ class ReplyPath:
 
 #: Largest tool unit recall completes (a call with this many results around a hit).
 MAX_UNIT = 32
-
-
-def _seq(m: StoredMessage) -> int:
-    return m.sequence
 
 
 def _unit_of(hit: StoredMessage, around: dict[int, StoredMessage]) -> tuple[StoredMessage, ...]:

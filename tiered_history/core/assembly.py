@@ -135,14 +135,16 @@ class Rows:
     """The summaries the mark says were shown (read by id, whatever became of them since)."""
 
 
-def group_units(messages_oldest_first: Sequence[StoredMessage]) -> list[list[StoredMessage]]:
+def group_units(
+    messages_oldest_first: Sequence[StoredMessage], open_end: bool = True
+) -> list[list[StoredMessage]]:
     """Group messages into units that must be kept or dropped together.
 
     An assistant message with tool calls and the tool results that answer it form one unit;
     every other message is a unit of its own. Sent without all of its parts a unit is a 400
     from the provider, so incomplete units are left out: results whose call was cut off by
     paging, and calls abandoned without results. Only the newest unit may still await results
-    (the bot is running the tools right now).
+    (the bot is running the tools right now), unless ``open_end`` is false (a sealed range).
     """
     units: list[list[StoredMessage]] = []
     awaiting: dict[int, set[str]] = {}  # unit index -> ids of its calls not answered yet
@@ -159,7 +161,7 @@ def group_units(messages_oldest_first: Sequence[StoredMessage]) -> list[list[Sto
         elif pending:
             pending = set()
     # Runs on every read over the whole window: most windows hold no unanswered call at all.
-    last = len(units) - 1
+    last = len(units) - 1 if open_end else -1
     if not any(ids for i, ids in awaiting.items() if i != last):
         return units
     return [u for i, u in enumerate(units) if i == last or not awaiting.get(i)]
