@@ -608,12 +608,12 @@ def _choose(
     """
     first = 0
     mark = rows.mark
-    i0 = _kept_start(units, mark.start, aligned) if mark is not None and mark.budget == budget else None
-    if mark is not None and any(x.status == "superseded" for x in rows.frozen):
-        # An event undid a summary shown beside the window (its topic reopened by a reply): it no
-        # longer stands for its messages, so the window and blocks are chosen anew. (A summary
-        # merged since still does: it stays until the window moves, the prefix with it.)
-        i0 = None
+    # A summary shown beside the window that an event undid (its topic reopened by a reply) no
+    # longer stands for its messages: the window and blocks are chosen anew. (A summary merged
+    # since still does: it stays until the window moves, the prefix with it.)
+    undone = any(x.status == "superseded" for x in rows.frozen)
+    keep = mark is not None and mark.budget == budget and not undone
+    i0 = _kept_start(units, mark.start, aligned) if keep and mark is not None else None
     if mark is not None and i0 is not None:
         blocks = frozen() if rows.frozen or not mark.shown else stable(i0)
         if fits(i0, blocks, 0 if mark.epoch == rows.epoch else rows.growth, kept=mark.epoch == rows.epoch):
