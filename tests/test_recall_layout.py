@@ -6,7 +6,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from tiered_history.core.assembly import Recalled, Rows, Shares, _Block, _recall, assemble, group_units
-from tiered_history.models import StoredMessage, Summary
+from tiered_history.core.state import WindowMark
+from tiered_history.models import CompressedContext, StoredMessage, Summary
 from tiered_history.tokens import TokenCounter
 
 COUNTER = TokenCounter()
@@ -128,3 +129,65 @@ def test_a_sealed_range_keeps_no_unit_still_awaiting_results() -> None:
     msgs = [message(1, "Look both up."), call, answer]
     assert group_units(msgs) == [[msgs[0]], [call, answer]]
     assert group_units(msgs, open_end=False) == [[msgs[0]]]
+
+
+# -- the recall reserve beside a window that keeps its start (cacheable budgets) -------------------
+
+BUDGET = 4000
+GROWTH = 1000
+RESERVE = int(int((BUDGET - 3) * SHARES.topics) * SHARES.recall)
+
+
+def _window_of(tokens: int) -> list[StoredMessage]:
+    """Messages from sequence 1 on whose framed costs add up to more than ``tokens`` - 40."""
+    msgs: list[StoredMessage] = []
+    while sum(m.token_count for m in msgs) <= tokens - 40:
+        msgs.append(message(len(msgs) + 1, filler(len(msgs) + 1)))
+    return msgs
+
+
+def _kept(msgs: list[StoredMessage], epoch: int) -> Rows:
+    """A window marked as starting at message 1 when the conversation's event count was 1."""
+    return Rows(
+        pinned=[],
+        recent=msgs,
+        end_position=sum(m.token_count for m in msgs),
+        mark=WindowMark(1, BUDGET, 1),
+        epoch=epoch,
+        growth=GROWTH,
+    )
+
+
+def _assemble(rows: Rows) -> CompressedContext:
+    return assemble(conversation_id="c", max_tokens=BUDGET, shares=SHARES, counter=COUNTER, rows=rows)
+
+
+def test_after_an_event_a_kept_start_needs_the_growth_room_not_the_recall_reserve_too() -> None:
+    """Recall uses the room the current topic has not grown into yet: after an event the window
+    keeps its start (and the provider's cached prefix) when it leaves the growth until the next
+    seal, even though that room and the recall reserve together would not fit."""
+    msgs = _window_of(BUDGET - 3 - GROWTH - RESERVE + 200)
+    window = sum(m.token_count for m in msgs)
+    assert window + GROWTH <= BUDGET - 3 < window + GROWTH + RESERVE
+    ctx = assemble(
+        conversation_id="c", max_tokens=BUDGET, shares=SHARES, counter=COUNTER, rows=_kept(msgs, 2)
+    )
+    assert ctx.current_topic[0].sequence == 1
+    # With less than the growth room left it moves (the event allows it).
+    msgs = _window_of(BUDGET - 3 - GROWTH + 60)
+    ctx = assemble(
+        conversation_id="c", max_tokens=BUDGET, shares=SHARES, counter=COUNTER, rows=_kept(msgs, 2)
+    )
+    assert ctx.current_topic[0].sequence > 1
+
+
+def test_between_events_the_window_grows_into_the_recall_reserve() -> None:
+    """Between events the kept start stays while the window fits at all, the recall reserve
+    included: moving it then would rewrite the cached prefix without an event."""
+    msgs = _window_of(BUDGET - 3 - RESERVE // 2)
+    assert sum(m.token_count for m in msgs) + RESERVE > BUDGET - 3
+    ctx = assemble(
+        conversation_id="c", max_tokens=BUDGET, shares=SHARES, counter=COUNTER, rows=_kept(msgs, 1)
+    )
+    assert ctx.current_topic[0].sequence == 1
+    assert ctx.total_tokens <= BUDGET

@@ -8,17 +8,19 @@ The context is laid out stable-first, so a provider's prompt cache keeps hitting
 * **The current topic** is every message from a *window start* on, verbatim. The start only
   moves at *anchors*: the first unit at or past each multiple of ``anchor`` × the budget in
   the conversation's token positions. It is the earliest anchor whose window, with the stable
-  blocks and the recall reserve, fits; so it stays put turn after turn while the conversation
-  grows, and jumps by a chunk when it must, like "append until full, then drop the oldest half".
+  blocks and its growth room or the recall reserve (whichever is larger), fits; so it stays put
+  turn after turn while the conversation grows, and jumps by a chunk when it must, like "append
+  until full, then drop the oldest half".
 * **Topic summaries** cover what came before the window start: the newest and largest ones
   first within the topic share (less its recall reserve), shown oldest first. When the window
   moves, the summaries shown so far stay and those of what it left are appended, so the blocks
   stay a cached prefix; room the new start leaves beyond the growth room goes to more summaries.
 * **Archives** (merged summaries, rolled up into coarser ones as they grow) cover the oldest
   parts: the whole timeline stays represented.
-* **Recall** uses what is left, the reserve at least: the messages (whole tool units) and
-  summaries that best match the newest message, as earlier conversation, after a note that
-  says so. It sits at the end, so a new recall costs only its own tokens.
+* **Recall** uses what is left, up to its reserve (which the current topic may grow into
+  between events: recall is sent uncached anyway, a moved window is not): the messages (whole
+  tool units) and summaries that best match the newest message, as earlier conversation, after
+  a note that says so. It sits at the end, so a new recall costs only its own tokens.
 
 Every item's cost is its exact framed cost, and each block is measured whole, so the total never
 exceeds ``max_tokens``.
@@ -404,12 +406,18 @@ def assemble(
         limit = min(limit, alloc.current)
 
     def fits(i: int, blocks: tuple[_Block, _Block], room: int, kept: bool = False) -> bool:
-        window = suffix[i] + room
-        # The window's limit decides where a new start goes; a kept start stays while the
-        # context still fits at all (moving it rewrites the prefix every provider caches).
-        if window > limit and i < len(units) - 1 and not kept:
+        """Whether a window from unit ``i`` beside ``blocks`` leaves ``room`` to grow into.
+
+        The window's limit decides where a new start goes; a kept start stays while the context
+        still fits with that room (moving it rewrites the prefix every provider caches). The
+        recall reserve and the growth room overlap: recall uses the room the current topic has
+        not grown into yet, so a new start leaves the larger of the two, a kept one the growth
+        room only (recall then gets what the window leaves, up to its reserve).
+        """
+        if not kept and suffix[i] + room > limit and i < len(units) - 1:
             return False
-        return window + blocks[0].tokens + blocks[1].tokens + reserve <= avail
+        free = room if kept else max(room, reserve)
+        return suffix[i] + free + blocks[0].tokens + blocks[1].tokens <= avail
 
     cacheable = max_tokens >= shares.cache_min
     if not cacheable:
@@ -437,7 +445,7 @@ def assemble(
         growth room: windows start only at summary boundaries, so that slack can be a whole
         topic's worth. More topic summaries, then more archives, fill it; they stay until the
         window moves again, so the prefix a provider caches does not change for it."""
-        spare = avail - reserve - room - suffix[i] - blocks[0].tokens - blocks[1].tokens
+        spare = avail - max(room, reserve) - suffix[i] - blocks[0].tokens - blocks[1].tokens
         if spare <= 0:
             return blocks
         bulk, topic = blocks
@@ -616,7 +624,9 @@ def _choose(
     i0 = _kept_start(units, mark.start, aligned) if keep and mark is not None else None
     if mark is not None and i0 is not None:
         blocks = frozen() if rows.frozen or not mark.shown else stable(i0)
-        if fits(i0, blocks, 0 if mark.epoch == rows.epoch else rows.growth, kept=mark.epoch == rows.epoch):
+        # After an event the kept start must leave the growth until the next seal; between
+        # events, only fit.
+        if fits(i0, blocks, 0 if mark.epoch == rows.epoch else rows.growth, kept=True):
             return i0, blocks
         first = i0 + 1
     # With no prefix cached yet (no mark for this budget) the window is as full as the growth
