@@ -183,6 +183,17 @@ class Ours:
             self.path.unlink(missing_ok=True)
 
 
+class OursEveryTurn(Ours):
+    """``Ours`` read the way a bot reads it: ``get_context`` after every message (and maintenance).
+
+    The window start and blocks are then the ones kept between events for the provider's cache
+    (a context read once at the end chooses them afresh, as a new budget or a fork does)."""
+
+    async def add(self, turn: Turn) -> None:
+        await super().add(turn)
+        await self.h.get_context(CONVERSATION, max_tokens=self.budget)
+
+
 def _new_file(directory: Path) -> Path:
     fd, name = tempfile.mkstemp(suffix=".db", dir=directory)
     os.close(fd)
@@ -215,11 +226,18 @@ if os.environ.get("TIERED_HISTORY_BENCH_VARIANTS"):
     OURS_VARIANTS = json.loads(os.environ["TIERED_HISTORY_BENCH_VARIANTS"])
 
 
-def ours(overrides: dict[str, Any] | None) -> Callable[[Shared, int], Replay] | None:
+def ours(
+    overrides: dict[str, Any] | None, every_turn: bool = False
+) -> Callable[[Shared, int], Replay] | None:
     if overrides is None:
         return None
     settled = overrides
-    return lambda shared, budget: Ours(shared, budget, settled)
+    kind = OursEveryTurn if every_turn else Ours
+    return lambda shared, budget: kind(shared, budget, settled)
+
+
+#: Static retention of each variant also when read after every message ("read every turn").
+EVERY_TURN = ", read every turn"
 
 
 # -- peers without a store ----------------------------------------------------------------------------
@@ -355,6 +373,10 @@ class System:
 
 SYSTEMS: tuple[System, ...] = (
     *(System(name, ours(o), static=True, query=True) for name, o in OURS_VARIANTS.items()),
+    *(
+        System(name + EVERY_TURN, ours(o, True), static=True, query=False)
+        for name, o in OURS_VARIANTS.items()
+    ),
     System(RECENCY, Recency, static=True, query=True),
     System(LANGCHAIN, LangChain, static=True, query=False),
     System(SLIDING, Sliding, static=True, query=False),
