@@ -191,3 +191,21 @@ def test_between_events_the_window_grows_into_the_recall_reserve() -> None:
     )
     assert ctx.current_topic[0].sequence == 1
     assert ctx.total_tokens <= BUDGET
+
+
+def test_without_redistribution_an_event_brings_a_kept_window_back_within_its_share() -> None:
+    """Tiers that keep to their shares: between events the kept window may outgrow its share
+    (moving it would rewrite the cached prefix), but after an event it is chosen within it."""
+    shares = Shares(0.5, 0.3, 0.2, redistribute=False)
+    msgs = _window_of(BUDGET - 3 - GROWTH - 100)
+    window = sum(m.token_count for m in msgs)
+    assert window + GROWTH > int((BUDGET - 3) * shares.current) and window + GROWTH <= BUDGET - 3
+
+    def start(epoch: int) -> int:
+        rows = _kept(msgs, epoch)
+        ctx = assemble(conversation_id="c", max_tokens=BUDGET, shares=shares, counter=COUNTER, rows=rows)
+        assert ctx.total_tokens <= BUDGET
+        return ctx.current_topic[0].sequence
+
+    assert start(1) == 1
+    assert start(2) > 1

@@ -405,16 +405,20 @@ def assemble(
     if not shares.redistribute:
         limit = min(limit, alloc.current)
 
-    def fits(i: int, blocks: tuple[_Block, _Block], room: int, kept: bool = False) -> bool:
+    def fits(
+        i: int, blocks: tuple[_Block, _Block], room: int, kept: bool = False, event: bool = False
+    ) -> bool:
         """Whether a window from unit ``i`` beside ``blocks`` leaves ``room`` to grow into.
 
         The window's limit decides where a new start goes; a kept start stays while the context
-        still fits with that room (moving it rewrites the prefix every provider caches). The
-        recall reserve and the growth room overlap: recall uses the room the current topic has
-        not grown into yet, so a new start leaves the larger of the two, a kept one the growth
-        room only (recall then gets what the window leaves, up to its reserve).
+        still fits with that room (moving it rewrites the prefix every provider caches), unless
+        the tiers keep to their shares (no redistribution): then an ``event`` brings it back
+        within its limit. The recall reserve and the growth room overlap: recall uses the room
+        the current topic has not grown into yet, so a new start leaves the larger of the two, a
+        kept one the growth room only (recall then gets what the window leaves, up to its reserve).
         """
-        if not kept and suffix[i] + room > limit and i < len(units) - 1:
+        bounded = not kept or (event and not shares.redistribute)
+        if bounded and suffix[i] + room > limit and i < len(units) - 1:
             return False
         free = room if kept else max(room, reserve)
         return suffix[i] + free + blocks[0].tokens + blocks[1].tokens <= avail
@@ -626,7 +630,8 @@ def _choose(
         blocks = frozen() if rows.frozen or not mark.shown else stable(i0)
         # After an event the kept start must leave the growth until the next seal; between
         # events, only fit.
-        if fits(i0, blocks, 0 if mark.epoch == rows.epoch else rows.growth, kept=True):
+        event = mark.epoch != rows.epoch
+        if fits(i0, blocks, rows.growth if event else 0, kept=True, event=event):
             return i0, blocks
         first = i0 + 1
     # With no prefix cached yet (no mark for this budget) the window is as full as the growth
