@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from ..core.ranking import Query, phrase_count, words
+from ..core.ranking import Query, occurrences
 from ..core.state import (
     Committed,
     ConversationState,
@@ -880,7 +880,7 @@ class SQLStore:
                 q.fts_text_summaries if summary else q.fts_text_messages,
                 {"ids": json.dumps(batch), "conv": at.conv},
             )
-            return {int(r[0]): _occurrences(r[1]) for r in cur.fetchall()}
+            return {int(r[0]): occurrences(r[1]) for r in cur.fetchall()}
 
         # PostgreSQL's lists come with every count.
         best = rank(lists, weights, n, avg, last, limit, count if self._sqlite else None)
@@ -1396,13 +1396,6 @@ def _lengths(lists: Mapping[Group, Candidates]) -> list[int]:
 
 def _seq(m: StoredMessage) -> int:
     return m.sequence
-
-
-def _occurrences(text: str) -> Callable[[Group], int]:
-    """How often each query group occurs in ``text``, as :func:`~..core.ranking.phrase_count`
-    over its words counts it."""
-    doc = words(text)
-    return lambda g: phrase_count(doc, g)
 
 
 def _extended(old: Candidates | None, new: Candidates) -> Candidates:
