@@ -248,6 +248,9 @@ def test_kept_candidates_rank_what_a_fresh_search_ranks(sql_url: str) -> None:
                         query,
                         kind,
                     )
+                    # The rows too (kept ones included): a summary changed since is read again.
+                    q = parse_query(query)
+                    assert ks.search(CID, q, limit, kind) == fs.search(CID, q, limit, kind), (step, kind)
 
 
 def test_kept_candidates_rank_what_a_fresh_search_ranks_in_any_script(sql_url: str) -> None:
@@ -319,6 +322,54 @@ def test_kept_summary_candidates_are_dropped_when_maintenance_changes_the_summar
         assert [i for i, _ in _ranked(store, "zanzibar ferry", "summary", 4)] == [
             x.id for x in writer.get_history(CID).topics if x.content
         ]
+
+
+def test_a_summary_replaced_in_place_is_found_as_it_reads_now(sql_url: str) -> None:
+    """A provisional summary that maintenance replaces (the same row, a new text) is found with
+    its new text by a store that found, and kept, the old one."""
+    from tiered_history.summarizers.base import SummaryResult
+
+    class FailsOnce:
+        name = "fails-once"
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def summarize(self, messages: Any, target_tokens: int) -> SummaryResult:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("provider down")
+            return SummaryResult(text="zanzibar ferry timetable, as replaced", summarizer=self.name)
+
+        async def merge(self, pieces: Any, target_tokens: int) -> SummaryResult:
+            return SummaryResult(text="merged", summarizer=self.name)
+
+    now = datetime.now(UTC)
+
+    def recent(text: str, i: int) -> dict[str, Any]:
+        return {"role": "user", "content": text, "timestamp": now - timedelta(seconds=60 - i)}
+
+    settings = {"retry_backoff_seconds": 1.0, "summary_max_attempts": 3, "boundaries": {"temporal": False}}
+    with (
+        SyncHistoryCompressor(sql_url, **settings) as reader,
+        SyncHistoryCompressor(sql_url, summarizer=FailsOnce(), **settings) as writer,
+    ):
+        store = reader.reply.store
+        assert isinstance(store, SQLStore)
+        writer.add_messages(CID, [recent(f"the zanzibar ferry leaves at {9 + i}", i) for i in range(6)])
+        writer.seal_current_topic(CID)
+        writer.add_message(CID, recent("now something else entirely", 7))
+        writer.maintain(CID)
+        q = parse_query("zanzibar ferry")
+        [before] = store.search(CID, q, 4, kind="summary")
+        assert before.summary is not None and before.summary.status == "provisional"
+        writer.maintain(CID, now=now + timedelta(minutes=5))
+        [after] = store.search(CID, q, 4, kind="summary")
+        assert after.summary is not None and after.summary.id == before.summary.id
+        assert (after.summary.status, after.summary.content) == (
+            "final",
+            "zanzibar ferry timetable, as replaced",
+        )
 
 
 def test_postgresql_small_conversations_rank_as_the_index_would(pg_url: str, monkeypatch: Any) -> None:

@@ -44,8 +44,8 @@ SMALL_CONVERSATION = 256
 RECENT_SCAN = 64
 #: Words (per conversation and kind) whose candidates a store keeps: about 2 KB each.
 CACHED_WORDS = 8192
-#: Messages found by searches that a store keeps (recall finds many of them again and again).
-CACHED_MESSAGES = 4096
+#: Rows found by searches (messages, summaries) that a store keeps: recall finds many again and again.
+CACHED_ROWS = 4096
 
 Group = tuple[str, ...]
 #: The occurrences of each query group in the texts of some candidates, by candidate id.
@@ -147,24 +147,26 @@ def by_word(
 
 
 class CandidateCache:
-    """The candidates of recent (conversation, kind, word) triples of one store, and the messages
-    recently found (a message never changes once written: its row is read once)."""
+    """The candidates of recent (conversation, kind, word) triples of one store, and the rows
+    recently found (read once while they cannot change)."""
 
-    def __init__(self, size: int = CACHED_WORDS, messages: int = CACHED_MESSAGES) -> None:
+    def __init__(self, size: int = CACHED_WORDS, rows: int = CACHED_ROWS) -> None:
         self._lru: Lru[Candidates] = Lru(size)
-        self._messages: Lru[Any] = Lru(messages)
+        self._rows: Lru[Any] = Lru(rows)
 
-    def messages(self, conversation: str, ids: Iterable[int]) -> dict[int, Any]:
-        """The kept messages among ``ids`` of a conversation (keyed as :attr:`_Search.conversation`)."""
+    def rows(self, conversation: str, ids: Iterable[int]) -> dict[int, Any]:
+        """The kept rows among ``ids`` of a conversation (as :meth:`keep_row` was given it)."""
         out: dict[int, Any] = {}
         for i in ids:
-            found = self._messages.get(f"{conversation}\x1f{i}")
+            found = self._rows.get(f"{conversation}\x1f{i}")
             if found is not None:
                 out[i] = found
         return out
 
-    def keep_message(self, conversation: str, i: int, message: Any) -> None:
-        self._messages.put(f"{conversation}\x1f{i}", message)
+    def keep_row(self, conversation: str, i: int, row: Any) -> None:
+        """Keep a row that cannot change while ``conversation`` names it: a message (which never
+        changes), or a summary under ``conversation`` extended by the summaries key."""
+        self._rows.put(f"{conversation}\x1f{i}", row)
 
     @staticmethod
     def key(conversation: str, kind: str, group: Group) -> str:
@@ -179,7 +181,7 @@ class CandidateCache:
     def forget(self, conv: int) -> None:
         """Drop a conversation's lists (it was deleted: a new one may get its key on SQLite)."""
         self._lru.drop(lambda key: key.startswith(f"{conv}:"))
-        self._messages.drop(lambda key: key.startswith(f"{conv}:"))
+        self._rows.drop(lambda key: key.startswith(f"{conv}:"))
 
 
 def collection(

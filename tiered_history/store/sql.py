@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -694,6 +695,10 @@ class SQLStore:
             r[6],
         )
 
+    def _message_after_id(self, cid: str, r: Sequence[Any]) -> StoredMessage:
+        """A message from a row whose first column is its id."""
+        return self._message(cid, r[1:])
+
     def _summary(self, cid: str, r: Sequence[Any]) -> Summary:
         return Summary(
             id=int(r[0]),
@@ -1071,21 +1076,27 @@ class SQLStore:
         return fresh
 
     def _hits(self, cur: Any, at: _Search, cid: str, best: list[tuple[float, int]]) -> list[Hit]:
-        """The rows of the best candidates, in their order (messages kept from earlier searches are
-        not read again)."""
+        """The rows of the best candidates, in their order. Rows kept from earlier searches are not
+        read again: messages never change, summaries not while the summaries key stays the same."""
         if not best:
             return []
-        q, conv, ids = self.q, at.conv, [i for _, i in best]
+        q, ids = self.q, [i for _, i in best]
         if at.summary:
-            rows = self._rows(cur, q.fts_rows_summaries if self._sqlite else q.pg_rows_summaries, conv, ids)
-            return [Hit(score, summary=self._summary(cid, rows[i])) for score, i in best if i in rows]
-        kept: dict[int, StoredMessage] = self._recall.messages(at.conversation, ids)
+            sql = q.fts_rows_summaries if self._sqlite else q.pg_rows_summaries
+            make: Callable[[Sequence[Any]], Any] = partial(self._summary, cid)
+            owner = f"{at.conversation}\x1f{at.upto}"
+        else:
+            sql = q.fts_rows_messages if self._sqlite else q.pg_rows_messages
+            make = partial(self._message_after_id, cid)
+            owner = at.conversation
+        kept = self._recall.rows(owner, ids)
         missing = [i for i in ids if i not in kept]
         if missing:
-            sql = q.fts_rows_messages if self._sqlite else q.pg_rows_messages
-            for i, r in self._rows(cur, sql, conv, missing).items():
-                kept[i] = m = self._message(cid, r[1:])
-                self._recall.keep_message(at.conversation, i, m)
+            for i, r in self._rows(cur, sql, at.conv, missing).items():
+                kept[i] = row = make(r)
+                self._recall.keep_row(owner, i, row)
+        if at.summary:
+            return [Hit(score, summary=kept[i]) for score, i in best if i in kept]
         return [Hit(score, message=kept[i]) for score, i in best if i in kept]
 
     def _rows(self, cur: Any, sql: str, conv: int, ids: list[int]) -> dict[int, Sequence[Any]]:
