@@ -205,14 +205,19 @@ class Statements:
             # after :lim of them (FTS5 walks its index in rowid order, which is the conversation's
             # order); the store ranks those candidates by BM25 itself (FTS5's bm25() would first
             # count every row of the table holding each word: O(all matching rows) per query).
-            newest = "SELECT rowid FROM {0}_fts WHERE {0}_fts MATCH :q ORDER BY rowid DESC LIMIT :lim"
-            self.fts_messages = newest.format("messages")
-            self.fts_summaries = newest.format("summaries")
-            # A word's matches among the messages written since a list of them was kept.
-            self.fts_messages_after = (
-                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH :q AND rowid > :after "
-                "ORDER BY rowid DESC LIMIT :lim"
+            # Each row comes with its recency and length in words (FTS5's own count, in its docsize
+            # table); summaries with whether they are live (counted among the :lim all the same).
+            newest = (
+                "SELECT {0}_fts.rowid, x.{1}, d.sz{2} FROM {0}_fts JOIN {0} x ON x.id = {0}_fts.rowid "
+                "JOIN {0}_fts_docsize d ON d.id = {0}_fts.rowid WHERE {0}_fts MATCH :q{3} "
+                "ORDER BY {0}_fts.rowid DESC LIMIT :lim"
             )
+            self.fts_messages = newest.format("messages", "seq", "", "")
+            self.fts_summaries = newest.format(
+                "summaries", "last_seq", ", x.status NOT IN ('pending', 'superseded')", ""
+            )
+            # A word's matches among the messages written since a list of them was kept.
+            self.fts_messages_after = newest.format("messages", "seq", "", " AND messages_fts.rowid > :after")
             self.message_id_at = "SELECT id FROM messages WHERE conv = :conv AND seq = :seq"
             # The messages written since kept lists were made (a few), newest first, with their
             # length (FTS5's) and text: what each word's list lacks, counted in Python.
@@ -228,16 +233,6 @@ class Statements:
             self.fts_text_summaries = (
                 "SELECT id, content FROM summaries WHERE id IN (SELECT value FROM json_each(:ids)) "
                 "AND +conv = :conv"
-            )
-            # Each candidate's recency and its length in words (FTS5's own count, in its docsize table).
-            self.fts_meta_messages = (
-                "SELECT m.id, m.seq, d.sz FROM messages m JOIN messages_fts_docsize d ON d.id = m.id "
-                "WHERE m.id IN (SELECT value FROM json_each(:ids))"
-            )
-            self.fts_meta_summaries = (
-                "SELECT x.id, x.last_seq, d.sz FROM summaries x JOIN summaries_fts_docsize d ON d.id = x.id "
-                "WHERE x.id IN (SELECT value FROM json_each(:ids)) "
-                "AND x.status NOT IN ('pending', 'superseded')"
             )
             self.fts_rows_messages = (
                 f"SELECT id, {_MESSAGE_COLS} FROM messages WHERE id IN (SELECT value FROM json_each(:ids)) "
@@ -934,7 +929,6 @@ class SQLStore:
             cur.execute(q.message_id_at, {"conv": at.conv, "seq": at.last})
             found_id = cur.fetchone()
             after = int(found_id[0]) if found_id else 0
-        found: dict[Group, list[int]] = {}
         for g, old in stale.items():
             # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
             match = f'conv : "{at.conv}" AND content : "{" ".join(g)}"'
@@ -944,15 +938,10 @@ class SQLStore:
                 cur.execute(q.fts_messages, {"q": match, "lim": at.cap})
             else:
                 cur.execute(q.fts_messages_after, {"q": match, "lim": at.cap, "after": old.after})
-            found[g] = [int(r[0]) for r in cur.fetchall()]
-        ids = sorted({i for rows in found.values() for i in rows})
-        meta: dict[int, tuple[int, int]] = {}
-        if ids:
-            cur.execute(q.fts_meta_summaries if summary else q.fts_meta_messages, {"ids": json.dumps(ids)})
-            meta = {int(r[0]): (int(r[1]), _first_varint(r[2])) for r in cur.fetchall()}
-        for g, rows in found.items():
-            new = candidates(at.cap, at.upto, [(i, *meta[i], 0) for i in rows if i in meta], len(rows), after)
-            fresh[g] = _extended(stale[g], new)
+            rows = cur.fetchall()
+            # Summaries: only live ones are candidates, but every row found counts toward the cap.
+            found = [(int(r[0]), int(r[1]), _first_varint(r[2]), 0) for r in rows if not summary or r[3]]
+            fresh[g] = _extended(old, candidates(at.cap, at.upto, found, len(rows), after))
         return {g: fresh[g] for g in order}
 
     def _fts_new_messages(
