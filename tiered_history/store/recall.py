@@ -118,15 +118,9 @@ def candidates(
 ) -> Candidates:
     """A list from rows ``(id, recency, length, count)`` newest first; ``found``: how many rows the
     database returned before any was left out (a live-only filter), to tell whether it hit the cap."""
+    ids, rec, dl, tf = zip(*rows, strict=True) if rows else ((), (), (), ())  # columns, in C
     return Candidates(
-        cap,
-        upto,
-        after,
-        found >= cap,
-        array("q", [r[0] for r in rows]),
-        array("q", [r[1] for r in rows]),
-        array("q", [r[2] for r in rows]),
-        array("q", [r[3] for r in rows]),
+        cap, upto, after, found >= cap, array("q", ids), array("q", rec), array("q", dl), array("q", tf)
     )
 
 

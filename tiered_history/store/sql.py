@@ -940,7 +940,7 @@ class SQLStore:
                 cur.execute(q.fts_messages_after, {"q": match, "lim": at.cap, "after": old.after})
             rows = cur.fetchall()
             # Summaries: only live ones are candidates, but every row found counts toward the cap.
-            found = [(int(r[0]), int(r[1]), _first_varint(r[2]), 0) for r in rows if not summary or r[3]]
+            found = [(r[0], r[1], _first_varint(r[2]), 0) for r in rows if not summary or r[3]]
             fresh[g] = _extended(old, candidates(at.cap, at.upto, found, len(rows), after))
         return {g: fresh[g] for g in order}
 
@@ -968,7 +968,7 @@ class SQLStore:
             return {}
         # The newest message's id: where FTS5 would look after, next time (0: there is none).
         after = int(rows[0][0]) if rows and rows[0][1] == at.last else 0
-        new = [(int(r[0]), int(r[1]), _first_varint(r[2]), occurrences(r[3])) for r in rows]
+        new = [(r[0], r[1], _first_varint(r[2]), occurrences(r[3])) for r in rows]
         fresh: dict[Group, Candidates] = {}
         for g, upto in since.items():
             found = []
