@@ -45,7 +45,10 @@ RECENT_SCAN = 64
 #: Words (per conversation and kind) whose candidates a store keeps: about 2 KB each.
 CACHED_WORDS = 8192
 #: Rows found by searches (messages, summaries) that a store keeps: recall finds many again and again.
-CACHED_ROWS = 4096
+CACHED_ROWS = 2048
+#: Rows with more characters than this (their text columns together) are read every time, so the
+#: rows kept stay small (about 1 MB for chat-sized messages, tens of MB at the very worst).
+CACHED_ROW_CHARS = 8192
 
 Group = tuple[str, ...]
 #: The occurrences of each query group in the texts of some candidates, by candidate id.

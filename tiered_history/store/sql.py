@@ -50,6 +50,7 @@ from .base import (
 from .dialect import Capabilities, capabilities, create_engine, is_integrity_error, prepare_engine, translate
 from .memory import ADDITIVE
 from .recall import (
+    CACHED_ROW_CHARS,
     CANDIDATES_PER_WORD,
     RECENT_SCAN,
     SMALL_CONVERSATION,
@@ -1083,7 +1084,9 @@ class SQLStore:
         if missing:
             for i, r in self._rows(cur, sql, at.conv, missing).items():
                 kept[i] = row = make(r)
-                self._recall.keep_row(owner, i, row)
+                # Only rows of a modest size are kept: the cache stays small whatever is stored.
+                if sum(len(x) for x in r if isinstance(x, str)) <= CACHED_ROW_CHARS:
+                    self._recall.keep_row(owner, i, row)
         if at.summary:
             return [Hit(score, summary=kept[i]) for score, i in best if i in kept]
         return [Hit(score, message=kept[i]) for score, i in best if i in kept]
