@@ -668,3 +668,32 @@ def test_properties_postgresql(
     pg_url: str, ops: list[tuple[Any, ...]], budgets: list[int], context_budget: int, seed: int
 ) -> None:
     run(pg_url, ops, budgets, context_budget, seed)
+
+
+# -- word counting ----------------------------------------------------------------------------------
+
+_TEXT = st.text(
+    st.one_of(
+        st.sampled_from([" ", "_", "-", "a", "b", "İ", "ß", "é", "\u0301", "²", "Ⅻ", "\ue000"]),
+        st.characters(),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=400, **COMMON)
+@given(text=_TEXT, probe=_TEXT)
+def test_occurrences_counts_as_the_words_do(text: str, probe: str) -> None:
+    """Recall's fast count of a word (``str.find`` with letter-or-digit neighbours left out) is
+    exactly the count over :func:`~tiered_history.core.ranking.words`, for any text and word,
+    and for phrases (which it counts over the words)."""
+    doc = ranking.words(text)
+    count = ranking.occurrences(text)
+    groups = [
+        tuple(ranking.words(probe)),
+        *((w,) for w in ranking.words(probe)),
+        *((w,) for w in doc),
+        (probe,),
+    ]
+    for g in groups:
+        assert count(g) == ranking.phrase_count(doc, g), (text, g)

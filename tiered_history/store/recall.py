@@ -25,6 +25,7 @@ and counts are kept (about 2 KB a word); rows are read from the database every t
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +39,16 @@ CANDIDATES_PER_WORD = 64
 #: PostgreSQL: a conversation of at most this many messages has its candidates for every word read
 #: by one planned statement over its messages rather than a statement planned for the words.
 SMALL_CONVERSATION = 256
+#: SQLite: a kept message list at most this many messages behind is brought up to date by reading
+#: those messages (one statement for every word) rather than by an FTS5 query per word.
+RECENT_SCAN = 64
 #: Words (per conversation and kind) whose candidates a store keeps: about 2 KB each.
 CACHED_WORDS = 8192
+#: Rows found by searches (messages, summaries) that a store keeps: recall finds many again and again.
+CACHED_ROWS = 2048
+#: Rows with more characters than this (their text columns together) are read every time, so the
+#: rows kept stay small (about 1 MB for chat-sized messages, tens of MB at the very worst).
+CACHED_ROW_CHARS = 8192
 
 Group = tuple[str, ...]
 #: The occurrences of each query group in the texts of some candidates, by candidate id.
@@ -62,9 +71,32 @@ class Candidates:
     dl: array[int] = field(default_factory=lambda: array("q"))
     tf: array[int] = field(default_factory=lambda: array("q"))
     """The group's occurrences in each row as our word split counts them; 0 until counted."""
+    _positions: dict[int, int] | None = field(default=None, repr=False, compare=False)
+
+    def positions(self) -> dict[int, int]:
+        """Each row's index in the list (made once: a list's rows never change, only its counts)."""
+        if self._positions is None:
+            self._positions = dict(zip(self.ids, range(len(self.ids)), strict=True))
+        return self._positions
 
     def merged(self, newer: Candidates) -> Candidates:
         """``newer`` (rows found after this list's ``upto``) in front of this list, ``cap`` in all."""
+        if set(newer.ids).isdisjoint(self.ids):
+            # The usual case (rows written since): the two joined by array slices, in C.
+            keep = max(self.cap - len(newer.ids), 0)
+            cap = self.cap
+            joined = Candidates(
+                cap,
+                newer.upto,
+                newer.after,
+                newer.capped,
+                newer.ids[:cap] + self.ids[:keep],
+                newer.rec[:cap] + self.rec[:keep],
+                newer.dl[:cap] + self.dl[:keep],
+                newer.tf[:cap] + self.tf[:keep],
+            )
+            joined.capped = joined.capped or self.capped or len(joined.ids) >= cap
+            return joined
         out = Candidates(self.cap, newer.upto, newer.after, newer.capped)
         seen: set[int] = set()
         for src in (newer, self):
@@ -89,15 +121,9 @@ def candidates(
 ) -> Candidates:
     """A list from rows ``(id, recency, length, count)`` newest first; ``found``: how many rows the
     database returned before any was left out (a live-only filter), to tell whether it hit the cap."""
+    ids, rec, dl, tf = zip(*rows, strict=True) if rows else ((), (), (), ())  # columns, in C
     return Candidates(
-        cap,
-        upto,
-        after,
-        found >= cap,
-        array("q", [r[0] for r in rows]),
-        array("q", [r[1] for r in rows]),
-        array("q", [r[2] for r in rows]),
-        array("q", [r[3] for r in rows]),
+        cap, upto, after, found >= cap, array("q", ids), array("q", rec), array("q", dl), array("q", tf)
     )
 
 
@@ -118,10 +144,26 @@ def by_word(
 
 
 class CandidateCache:
-    """The candidates of recent (conversation, kind, word) triples of one store."""
+    """The candidates of recent (conversation, kind, word) triples of one store, and the rows
+    recently found (read once while they cannot change)."""
 
-    def __init__(self, size: int = CACHED_WORDS) -> None:
+    def __init__(self, size: int = CACHED_WORDS, rows: int = CACHED_ROWS) -> None:
         self._lru: Lru[Candidates] = Lru(size)
+        self._rows: Lru[Any] = Lru(rows)
+
+    def rows(self, conversation: str, ids: Iterable[int]) -> dict[int, Any]:
+        """The kept rows among ``ids`` of a conversation (as :meth:`keep_row` was given it)."""
+        out: dict[int, Any] = {}
+        for i in ids:
+            found = self._rows.get(f"{conversation}\x1f{i}")
+            if found is not None:
+                out[i] = found
+        return out
+
+    def keep_row(self, conversation: str, i: int, row: Any) -> None:
+        """Keep a row that cannot change while ``conversation`` names it: a message (which never
+        changes), or a summary under ``conversation`` extended by the summaries key."""
+        self._rows.put(f"{conversation}\x1f{i}", row)
 
     @staticmethod
     def key(conversation: str, kind: str, group: Group) -> str:
@@ -136,6 +178,7 @@ class CandidateCache:
     def forget(self, conv: int) -> None:
         """Drop a conversation's lists (it was deleted: a new one may get its key on SQLite)."""
         self._lru.drop(lambda key: key.startswith(f"{conv}:"))
+        self._rows.drop(lambda key: key.startswith(f"{conv}:"))
 
 
 def collection(
@@ -166,32 +209,38 @@ def rank(
     bound, and only those that could still be among the best ``limit`` have their text counted
     (``count``), which fills the lists for the next call."""
     coef: dict[Group, float] = {}
-    # Per candidate: [query groups it holds, length in words, BM25's length norm, recency].
-    info: dict[int, list[Any]] = {}
-    k1p1 = K1 + 1.0
+    held: Counter[int] = Counter()  # per candidate: how many of the query groups it holds
     for g, c in lists.items():
         # Below the cap, the matching rows themselves; cut off by it, as many per message as
         # among the messages since its oldest candidate.
         df = c.cap * last / max(last - min(c.rec) + 1, 1) if c.capped and c.rec else len(c.ids)
         coef[g] = weights[g] * idf(n, min(round(df), n))
-        for i, dl, r in zip(c.ids, c.dl, c.rec, strict=True):
-            e = info.get(i)
-            if e is None:
-                dl = max(dl, 1)
-                info[i] = [1, dl, K1 * (1.0 - B + B * dl / avg), r]
-            else:
-                e[0] += 1
-    if not info:
+        held.update(c.ids)
+    if not held:
         return []
-    # Each candidate's score, or (its occurrences not all counted) a bound of it: a word not
-    # counted yet occurs at most as often as the row's length allows, the other words one each.
+    # Each candidate's length and recency as its first list has them (dict updates, in C).
+    lengths: dict[int, int] = {}
+    recency: dict[int, int] = {}
+    for c in list(lists.values())[::-1]:
+        lengths.update(zip(c.ids, c.dl, strict=True))
+        recency.update(zip(c.ids, c.rec, strict=True))
+    # Per candidate: BM25's length norm, and how often a word not counted yet may occur in it at
+    # most (the row's length less one for each other query group it holds).
+    norm: dict[int, float] = {}
+    room: dict[int, int] = {}
+    for i, dl in lengths.items():
+        if dl < 1:
+            dl = 1
+        norm[i] = K1 * (1.0 - B + B * dl / avg)
+        room[i] = dl - held[i] + 1
+    k1p1 = K1 + 1.0
+    # Each candidate's score, or (its occurrences not all counted) a bound of it.
     bound: dict[int, float] = {}
     uncounted: set[int] = set()
     for g, c in lists.items():
         cg, size = coef[g], len(g)
         for i, tf in zip(c.ids, c.tf, strict=True):
-            e = info[i]
-            most = (e[1] - e[0] + 1) // size
+            most = room[i] // size
             if most < 1:
                 most = 1
             if tf:
@@ -199,9 +248,11 @@ def rank(
             else:
                 uncounted.add(i)
                 t = most
-            bound[i] = bound.get(i, 0.0) + cg * t * k1p1 / (t + e[2])
-    # Best bound first, then the newest, then the highest id (compared as tuples, in C).
-    order = [-k[2] for k in sorted([(-b, -info[i][3], -i) for i, b in bound.items()])]
+            bound[i] = bound.get(i, 0.0) + cg * t * k1p1 / (t + norm[i])
+    # Best bound first (sorted in C; the order of equal bounds changes nothing: every candidate
+    # whose bound reaches the ``limit``-th score is visited, and ``best`` is sorted in full).
+    order = sorted(bound, key=bound.__getitem__, reverse=True)
+    # The best so far as (-score, -recency, -id): sorted as plain tuples, best and newest first.
     best: list[tuple[float, int, int]] = []
     pending: list[int] = []
     kth, step = float("-inf"), max(limit // 2, 8)  # texts counted a few at a time: each costs
@@ -215,22 +266,22 @@ def rank(
             counted = count(pending)
             exact = dict.fromkeys(pending, 0.0)
             for g, c in lists.items():
-                cg, size = coef[g], len(g)
-                for j, i in enumerate(c.ids):
-                    if i not in exact:
+                cg, size, at = coef[g], len(g), c.positions()
+                for i in pending:
+                    j = at.get(i)
+                    if j is None:
                         continue
                     tf_of = counted.get(i)
                     c.tf[j] = tf = max(tf_of(g), 1) if tf_of is not None else 1
                     # Bounded by the index's own length of the row (its word split may differ).
-                    e = info[i]
-                    t = min(tf, max((e[1] - e[0] + 1) // size, 1))
-                    exact[i] += cg * t * k1p1 / (t + e[2])
-            best.extend((score, info[i][3], i) for i, score in exact.items())
+                    t = min(tf, max(room[i] // size, 1))
+                    exact[i] += cg * t * k1p1 / (t + norm[i])
+            best.extend((-score, -recency[i], -i) for i, score in exact.items())
             pending.clear()
-        best.sort(key=lambda x: (-x[0], -x[1], -x[2]))
+        best.sort()
         del best[limit:]
         if len(best) >= limit:
-            kth = best[-1][0]
+            kth = -best[-1][0]
 
     # Visited by bound, best first: a counted candidate's bound is its score, so once ``limit``
     # scores are in hand, the rest of the candidates (bounds under the ``limit``-th) are left.
@@ -242,8 +293,8 @@ def rank(
             if len(pending) >= step:
                 settle()
         else:
-            best.append((bound[i], info[i][3], i))
+            best.append((-bound[i], -recency[i], -i))
             if len(best) >= 2 * limit:
                 settle()
     settle()
-    return [(score, i) for score, _, i in best]
+    return [(-score, -i) for score, _, i in best]
