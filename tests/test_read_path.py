@@ -298,6 +298,30 @@ def test_plain_punctuation_separates_words_in_fts5_too() -> None:
     assert not _plain("caf\u00e9") and not _plain("a\x00b") and _plain("plain text, ASCII only!")
 
 
+def test_a_restored_conversation_is_found_as_it_reads_now(sql_url: str) -> None:
+    """Deleted and restored by another process (same creation time), a conversation can get its
+    old key back on SQLite and its messages ids that held others of its messages: what a store
+    kept from the first life must not stand for them."""
+    with SyncHistoryCompressor(sql_url) as h, SyncHistoryCompressor(sql_url) as other:
+        other.add_message("other", msg("user", "unrelated words", 0))
+        # The conversation's messages interleaved with another's: its ids are not contiguous.
+        other.add_message(CID, msg("user", "alpha ferry leaves early", 1))
+        other.add_message("other", msg("user", "more unrelated words", 2))
+        other.add_message(CID, msg("user", "beta kite over the harbour", 3))
+        other.add_message(CID, msg("user", "gamma ferry leaves late", 4))
+        dump = other.export_conversation(CID)
+        ks = h.reply.store
+        assert isinstance(ks, SQLStore)
+        assert [s for s, _ in _ranked(ks, "ferry", "message", 8)] == [3, 1]
+        other.delete_conversation(CID)
+        other.import_conversation(dump)
+        for word, seq in (("alpha", 1), ("beta", 2), ("gamma", 3)):
+            found = ks.search(CID, parse_query(word), 4)
+            assert [(x.message.sequence, word in x.message.content) for x in found if x.message] == [
+                (seq, True)
+            ], word
+
+
 def test_kept_summary_candidates_are_dropped_when_maintenance_changes_the_summaries(sql_url: str) -> None:
     """A sealed topic is pending (not searchable) until maintenance summarises it: a search kept
     from before sees the summary after, although no message was written in between."""

@@ -894,7 +894,15 @@ class SQLStore:
 
         # PostgreSQL's lists come with every count.
         best = rank(lists, weights, n, avg, last, limit, count if self._sqlite else None)
-        return self._hits(cur, at, cid, best)
+        # Where each hit sits (a message's sequence, a summary's last one), as its list says.
+        where: dict[int, int] = {}
+        for c in lists.values():
+            pos = c.positions()
+            for _, i in best:
+                k = pos.get(i)
+                if k is not None:
+                    where[i] = c.rec[k]
+        return self._hits(cur, at, cid, best, where)
 
     def _lists(
         self, at: _Search, groups: Sequence[Group]
@@ -1065,9 +1073,14 @@ class SQLStore:
             fresh[g] = candidates(at.cap, at.upto, found, len(found))
         return fresh
 
-    def _hits(self, cur: Any, at: _Search, cid: str, best: list[tuple[float, int]]) -> list[Hit]:
+    def _hits(
+        self, cur: Any, at: _Search, cid: str, best: list[tuple[float, int]], where: Mapping[int, int]
+    ) -> list[Hit]:
         """The rows of the best candidates, in their order. Rows kept from earlier searches are not
-        read again: messages never change, summaries not while the summaries key stays the same."""
+        read again: messages never change, summaries not while the summaries key stays the same.
+        A kept row must also sit where the candidate list says (``where``: a message's sequence, a
+        summary's last one): SQLite may give a deleted conversation's key and row ids to a restored
+        one with the same creation time, whose rows are then other messages."""
         if not best:
             return []
         q, ids = self.q, [i for _, i in best]
@@ -1079,7 +1092,11 @@ class SQLStore:
             sql = q.fts_rows_messages if self._sqlite else q.pg_rows_messages
             make = partial(self._message_after_id, cid)
             owner = at.conversation
-        kept = self._recall.rows(owner, ids)
+        kept = {
+            i: row
+            for i, row in self._recall.rows(owner, ids).items()
+            if where.get(i) == (row.last_sequence if at.summary else row.sequence)
+        }
         missing = [i for i in ids if i not in kept]
         if missing:
             for i, r in self._rows(cur, sql, at.conv, missing).items():
