@@ -359,9 +359,15 @@ def assemble(
             "bulk", [a for a in reversed(rows.archives) if a.last_sequence < first], bulk_limit, measure
         )
 
+    stable_at: dict[int, tuple[_Block, _Block]] = {}
+
     def stable(i: int) -> tuple[_Block, _Block]:
-        """The archives, and the topic summaries covering what comes before unit ``i``."""
-        return archives_before(i), _fill("topic", ranked(i), topic_limit, measure)
+        """The archives, and the topic summaries covering what comes before unit ``i`` (made once
+        per start: a new start is looked for at each room in turn)."""
+        found = stable_at.get(i)
+        if found is None:
+            found = stable_at[i] = (archives_before(i), _fill("topic", ranked(i), topic_limit, measure))
+        return found
 
     def frozen() -> tuple[_Block, _Block]:
         """The blocks shown when the window start was chosen (they stay until it moves)."""
@@ -370,7 +376,14 @@ def assemble(
             _fill("topic", [x for x in rows.frozen if x.tier == "topic"], avail, measure),
         )
 
+    extended_at: dict[int, tuple[_Block, _Block] | None] = {}
+
     def extended(i: int) -> tuple[_Block, _Block] | None:
+        if i not in extended_at:
+            extended_at[i] = _extended(i)
+        return extended_at[i]
+
+    def _extended(i: int) -> tuple[_Block, _Block] | None:
         """The blocks shown so far, with the topic summaries of what a window starting at unit
         ``i`` no longer holds appended: a new start then rewrites only the window, not the blocks
         before it, which a provider keeps serving from its cache. ``None`` when that is not
@@ -423,6 +436,11 @@ def assemble(
         free = room if kept else max(room, reserve)
         return suffix[i] + free + blocks[0].tokens + blocks[1].tokens <= avail
 
+    def short(i: int, room: int) -> bool:
+        """Whether a new window from unit ``i`` leaving ``room`` is within the window's limit
+        (``fits`` says no otherwise, whatever the blocks: checked first, it spares making them)."""
+        return suffix[i] + room <= limit or i == len(units) - 1
+
     cacheable = max_tokens >= shares.cache_min
     if not cacheable:
         return _relevance_layout(
@@ -474,7 +492,7 @@ def assemble(
 
     step = max(int(limit * shares.anchor), 1)
     chosen, (archives, topics) = _choose(
-        units, step, stable, frozen, fits, aligned, rows, max_tokens, widen, extended
+        units, step, stable, frozen, fits, aligned, rows, max_tokens, widen, extended, short
     )
     if chosen is None:
         # Not even the newest unit fits beside the stable blocks: the newest unit alone.
@@ -606,6 +624,7 @@ def _choose(
     budget: int,
     widen: Callable[[int, tuple[_Block, _Block], int, bool], tuple[_Block, _Block]] = lambda i, b, r, a: b,
     extended: Callable[[int], tuple[_Block, _Block] | None] = lambda i: None,
+    short: Callable[[int, int], bool] = lambda i, room: True,
 ) -> tuple[int | None, tuple[_Block, _Block]]:
     """The unit the window starts at, and the blocks beside it.
 
@@ -642,7 +661,7 @@ def _choose(
     less = (rows.growth // 2, rows.growth // 4, rows.growth // 8, 0)
     for room in (rows.growth, *less) if fresh else (max(rows.growth, step), rows.growth, *less):
         for i in range(first, len(units)):
-            if not aligned(i) and i < len(units) - 1:
+            if (not aligned(i) and i < len(units) - 1) or not short(i, room):
                 continue
             kept = extended(i)
             if kept is not None and fits(i, kept, room):
