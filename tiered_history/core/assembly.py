@@ -33,6 +33,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cache
 
 from ..errors import BudgetTooSmallError
 from ..models import CompressedContext, StoredMessage, Summary
@@ -359,15 +360,11 @@ def assemble(
             "bulk", [a for a in reversed(rows.archives) if a.last_sequence < first], bulk_limit, measure
         )
 
-    stable_at: dict[int, tuple[_Block, _Block]] = {}
-
+    # Made once per start (within this call): a new start is looked for at each room in turn.
+    @cache
     def stable(i: int) -> tuple[_Block, _Block]:
-        """The archives, and the topic summaries covering what comes before unit ``i`` (made once
-        per start: a new start is looked for at each room in turn)."""
-        found = stable_at.get(i)
-        if found is None:
-            found = stable_at[i] = (archives_before(i), _fill("topic", ranked(i), topic_limit, measure))
-        return found
+        """The archives, and the topic summaries covering what comes before unit ``i``."""
+        return archives_before(i), _fill("topic", ranked(i), topic_limit, measure)
 
     def frozen() -> tuple[_Block, _Block]:
         """The blocks shown when the window start was chosen (they stay until it moves)."""
@@ -376,14 +373,8 @@ def assemble(
             _fill("topic", [x for x in rows.frozen if x.tier == "topic"], avail, measure),
         )
 
-    extended_at: dict[int, tuple[_Block, _Block] | None] = {}
-
+    @cache
     def extended(i: int) -> tuple[_Block, _Block] | None:
-        if i not in extended_at:
-            extended_at[i] = _extended(i)
-        return extended_at[i]
-
-    def _extended(i: int) -> tuple[_Block, _Block] | None:
         """The blocks shown so far, with the topic summaries of what a window starting at unit
         ``i`` no longer holds appended: a new start then rewrites only the window, not the blocks
         before it, which a provider keeps serving from its cache. ``None`` when that is not
@@ -418,6 +409,12 @@ def assemble(
     if not shares.redistribute:
         limit = min(limit, alloc.current)
 
+    def short(i: int, room: int) -> bool:
+        """Whether a new window from unit ``i`` leaving ``room`` is within the window's limit
+        (``fits`` says no otherwise, whatever the blocks: ``_choose`` checks it first, which
+        spares making them)."""
+        return suffix[i] + room <= limit or i == len(units) - 1
+
     def fits(
         i: int, blocks: tuple[_Block, _Block], room: int, kept: bool = False, event: bool = False
     ) -> bool:
@@ -431,15 +428,10 @@ def assemble(
         kept one the growth room only (recall then gets what the window leaves, up to its reserve).
         """
         bounded = not kept or (event and not shares.redistribute)
-        if bounded and suffix[i] + room > limit and i < len(units) - 1:
+        if bounded and not short(i, room):
             return False
         free = room if kept else max(room, reserve)
         return suffix[i] + free + blocks[0].tokens + blocks[1].tokens <= avail
-
-    def short(i: int, room: int) -> bool:
-        """Whether a new window from unit ``i`` leaving ``room`` is within the window's limit
-        (``fits`` says no otherwise, whatever the blocks: checked first, it spares making them)."""
-        return suffix[i] + room <= limit or i == len(units) - 1
 
     cacheable = max_tokens >= shares.cache_min
     if not cacheable:
