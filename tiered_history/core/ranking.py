@@ -146,7 +146,7 @@ def occurrences(text: str) -> Callable[[Sequence[str]], int]:
         word = group[0] if len(group) == 1 else ""
         if not word.isalnum():  # a phrase (or not a word at all): counted over the words
             if doc is None:
-                doc = _WORD_RE.findall(low)
+                doc = words(text)
             return phrase_count(doc, group)
         n, size, end = 0, len(word), len(low)
         at = low.find(word)

@@ -202,8 +202,8 @@ def rank(
     last: int,
     limit: int,
     count: CountTexts | None,
-) -> list[tuple[float, int]]:
-    """The best ``limit`` candidates as (score, id), by BM25, recency breaking ties.
+) -> list[tuple[float, int, int]]:
+    """The best ``limit`` candidates as (score, id, recency), by BM25, recency breaking ties.
 
     Occurrences not counted yet are bounded by the row's length: candidates are visited by their
     bound, and only those that could still be among the best ``limit`` have their text counted
@@ -297,4 +297,4 @@ def rank(
             if len(best) >= 2 * limit:
                 settle()
     settle()
-    return [(-score, -i) for score, _, i in best]
+    return [(-score, -i, -r) for score, r, i in best]

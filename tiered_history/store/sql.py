@@ -894,15 +894,7 @@ class SQLStore:
 
         # PostgreSQL's lists come with every count.
         best = rank(lists, weights, n, avg, last, limit, count if self._sqlite else None)
-        # Where each hit sits (a message's sequence, a summary's last one), as its list says.
-        where: dict[int, int] = {}
-        for c in lists.values():
-            pos = c.positions()
-            for _, i in best:
-                k = pos.get(i)
-                if k is not None:
-                    where[i] = c.rec[k]
-        return self._hits(cur, at, cid, best, where)
+        return self._hits(cur, at, cid, best)
 
     def _lists(
         self, at: _Search, groups: Sequence[Group]
@@ -1073,17 +1065,17 @@ class SQLStore:
             fresh[g] = candidates(at.cap, at.upto, found, len(found))
         return fresh
 
-    def _hits(
-        self, cur: Any, at: _Search, cid: str, best: list[tuple[float, int]], where: Mapping[int, int]
-    ) -> list[Hit]:
-        """The rows of the best candidates, in their order. Rows kept from earlier searches are not
-        read again: messages never change, summaries not while the summaries key stays the same.
-        A kept row must also sit where the candidate list says (``where``: a message's sequence, a
-        summary's last one): SQLite may give a deleted conversation's key and row ids to a restored
-        one with the same creation time, whose rows are then other messages."""
+    def _hits(self, cur: Any, at: _Search, cid: str, best: list[tuple[float, int, int]]) -> list[Hit]:
+        """The rows of the best candidates (score, id, recency), in their order. Rows kept from
+        earlier searches are not read again: messages never change, summaries not while the
+        summaries key stays the same. A kept row must also sit where its candidate list says (its
+        recency: a message's sequence, a summary's last one): SQLite may give a deleted
+        conversation's key and row ids to a restored one with the same creation time, whose rows
+        are then other messages."""
         if not best:
             return []
-        q, ids = self.q, [i for _, i in best]
+        q, ids = self.q, [i for _, i, _ in best]
+        where = {i: r for _, i, r in best}
         if at.summary:
             sql = q.fts_rows_summaries if self._sqlite else q.pg_rows_summaries
             make: Callable[[Sequence[Any]], Any] = partial(self._summary, cid)
@@ -1105,8 +1097,8 @@ class SQLStore:
                 if sum(len(x) for x in r if isinstance(x, str)) <= CACHED_ROW_CHARS:
                     self._recall.keep_row(owner, i, row)
         if at.summary:
-            return [Hit(score, summary=kept[i]) for score, i in best if i in kept]
-        return [Hit(score, message=kept[i]) for score, i in best if i in kept]
+            return [Hit(score, summary=kept[i]) for score, i, _ in best if i in kept]
+        return [Hit(score, message=kept[i]) for score, i, _ in best if i in kept]
 
     def _rows(self, cur: Any, sql: str, conv: int, ids: list[int]) -> dict[int, Sequence[Any]]:
         """Rows of ``conv`` by id (the first column)."""
