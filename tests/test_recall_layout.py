@@ -169,15 +169,11 @@ def test_after_an_event_a_kept_start_needs_the_growth_room_not_the_recall_reserv
     msgs = _window_of(BUDGET - 3 - GROWTH - RESERVE + 200)
     window = sum(m.token_count for m in msgs)
     assert window + GROWTH <= BUDGET - 3 < window + GROWTH + RESERVE
-    ctx = assemble(
-        conversation_id="c", max_tokens=BUDGET, shares=SHARES, counter=COUNTER, rows=_kept(msgs, 2)
-    )
+    ctx = _assemble(_kept(msgs, 2))
     assert ctx.current_topic[0].sequence == 1
     # With less than the growth room left it moves (the event allows it).
     msgs = _window_of(BUDGET - 3 - GROWTH + 60)
-    ctx = assemble(
-        conversation_id="c", max_tokens=BUDGET, shares=SHARES, counter=COUNTER, rows=_kept(msgs, 2)
-    )
+    ctx = _assemble(_kept(msgs, 2))
     assert ctx.current_topic[0].sequence > 1
 
 
@@ -186,9 +182,7 @@ def test_between_events_the_window_grows_into_the_recall_reserve() -> None:
     included: moving it then would rewrite the cached prefix without an event."""
     msgs = _window_of(BUDGET - 3 - RESERVE // 2)
     assert sum(m.token_count for m in msgs) + RESERVE > BUDGET - 3
-    ctx = assemble(
-        conversation_id="c", max_tokens=BUDGET, shares=SHARES, counter=COUNTER, rows=_kept(msgs, 1)
-    )
+    ctx = _assemble(_kept(msgs, 1))
     assert ctx.current_topic[0].sequence == 1
     assert ctx.total_tokens <= BUDGET
 
