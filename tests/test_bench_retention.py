@@ -203,6 +203,41 @@ def test_conversation_turns_run_meetings_back_to_back_on_one_clock(tmp_path: Pat
     assert all(b.timestamp > a.timestamp for a, b in itertools.pairwise(turns))
 
 
+def _write_tiage(root: Path, dialogues: int, turns: int) -> None:
+    (root / "tiage").mkdir(parents=True)
+    data = {
+        f"d{d}": [
+            [f"dialogue {d} turn {i} about gardens and tomatoes number {d * 7 + i}", "0"]
+            for i in range(turns)
+        ]
+        for d in range(dialogues)
+    }
+    (root / "tiage" / prefix.CHAT_FILE).write_text(json.dumps(data), encoding="utf-8")
+
+
+def test_chat_turns_alternate_speakers_in_sessions_a_silence_apart(tmp_path: Path) -> None:
+    _write_tiage(tmp_path, 4, 6)
+    turns = prefix.chat_turns(tmp_path, 20)
+    assert len(turns) == 20 and prefix.sessions_in(turns) == 4
+    assert [t.sequence for t in turns] == list(range(1, 21))
+    assert [t.role for t in turns[:6]] == ["user", "assistant"] * 3 and turns[6].role == "user"
+    assert turns[0].openai() == {"role": "user", "content": turns[0].content}  # no name
+    gaps = [b.timestamp - a.timestamp for a, b in itertools.pairwise(turns)]
+    # A session's turns are seconds apart; a new session comes hours later (silence seals the topic).
+    assert all(g.total_seconds() <= prefix.CHAT_TURN_SECONDS[1] for i, g in enumerate(gaps) if (i + 1) % 6)
+    assert all(
+        g.total_seconds() >= 3600 * prefix.SESSION_GAP_HOURS[0] for i, g in enumerate(gaps) if not (i + 1) % 6
+    )
+    assert prefix.chat_turns(tmp_path, 20) == turns  # a fixed seed: the same chat every run
+
+
+async def test_chat_prefix_replay_seals_sessions_on_silence(tmp_path: Path) -> None:
+    _write_tiage(tmp_path, 6, 12)
+    r = await prefix.run_ours(prefix.chat_turns(tmp_path, 72), 1000, 10, systems.OURS)
+    assert r is not None and r.turns == 72 and r.over_budget == 0
+    assert sum(r.event) >= 5  # at least each new session's seal
+
+
 # -- the command line ---------------------------------------------------------------------------------
 
 
@@ -229,6 +264,18 @@ def test_quick_run_prints_all_three_sections(tmp_path: Path, capsys: pytest.Capt
     assert {r["part"] for r in rows["retention"]} == {"static", "query"}
     assert len([r for r in rows["retention"] if r["system"] == systems.RETRIEVAL]) == 9  # 3 meetings x 3
     assert {p["system"] for p in rows["prefix"]} >= {systems.OURS, prefix.HALVE}
+
+
+def test_chat_prefix_run_writes_its_own_section(tmp_path: Path) -> None:
+    _write_tiage(tmp_path, 8, 10)
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# B\n\n<!-- peers:begin -->\nold\n<!-- peers:end -->\n", encoding="utf-8")
+    argv = ["--data", str(tmp_path), "--only", "prefix", "--prefix-data", "chat", "--prefix-turns", "60"]
+    cli.main([*argv, "--jobs", "1", "--out", str(doc)])
+    text = doc.read_text(encoding="utf-8")
+    assert "<!-- retention_prefix_chat:begin -->" in text and "<!-- retention_prefix:begin -->" not in text
+    assert "## Cached-prefix share (two-party chat replay" in text and "(6 dialogues)" in text
+    assert "old" in text  # the other sections are left as they were
 
 
 def test_sections_are_written_in_place_and_new_ones_before_the_peers_section(tmp_path: Path) -> None:

@@ -13,12 +13,21 @@ from typing import Any, TypeVar
 from bench._common import REPO, log, machine, update_section
 
 from . import render, report
-from .data import DOMAINS, domain_of, meeting_paths
+from .data import DOMAINS, Turn, domain_of, meeting_paths
 from .prefix import BUDGET as PREFIX_BUDGET
+from .prefix import (
+    CHAT_TURN_SECONDS,
+    SESSION_GAP_HOURS,
+    PrefixResult,
+    chat_turns,
+    conversation_turns,
+    meetings_in,
+    run_prefix,
+    sessions_in,
+)
 from .prefix import MAINTAIN_EVERY as PREFIX_EVERY
 from .prefix import SYSTEMS as PREFIX_SYSTEMS
 from .prefix import TURNS as PREFIX_TURNS
-from .prefix import PrefixResult, conversation_turns, meetings_in, run_prefix
 from .replay import QUERY, STATIC, MeetingResult, run_meeting
 from .speed import run_sync
 from .systems import QUERY_SYSTEMS, STATIC_SYSTEMS
@@ -28,6 +37,8 @@ PREFIX = "prefix"
 PARTS = (QUERY, STATIC, PREFIX)
 #: Sections of the benchmarks document, one per part (``--only`` rewrites just its own).
 SECTIONS = {QUERY: "retention_query", STATIC: "peers", PREFIX: "retention_prefix"}
+#: The prefix part's section when it replays the two-party chat (``--prefix-data chat``).
+CHAT_SECTION = "retention_prefix_chat"
 #: New sections go before this one when the document does not have them yet.
 ANCHOR = "peers"
 DEFAULT_BUDGETS = "1000,2000,4000,8000"
@@ -52,6 +63,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--prefix-turns", type=int, help=f"turns of the prefix replay (default {PREFIX_TURNS})")
     p.add_argument("--prefix-budget", type=int, default=PREFIX_BUDGET)
     p.add_argument("--prefix-every", type=int, default=PREFIX_EVERY, help="maintain() every N turns")
+    p.add_argument(
+        "--prefix-data",
+        choices=["qmsum", "chat"],
+        default="qmsum",
+        help="prefix replay of QMSum meetings, or of a two-party chat (TIAGE dialogues, sessions days apart)",
+    )
     p.add_argument("--speed-sizes", default="1000,10000,100000")
     p.add_argument("--speed-calls", type=int, default=30)
     p.add_argument("--speed-seconds", type=float, default=12.0, help="time box per (system, size) cell")
@@ -139,7 +156,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.per_domain:
         paths = one_per_domain(paths)
     prefix_names = PREFIX_SYSTEMS
-    turns = conversation_turns(args.data, args.split, args.prefix_turns) if PREFIX in parts else []
+    chat = args.prefix_data == "chat"
+    turns: list[Turn] = []
+    if PREFIX in parts:
+        turns = (
+            chat_turns(args.data, args.prefix_turns)
+            if chat
+            else conversation_turns(args.data, args.split, args.prefix_turns)
+        )
     log(
         f"retention: {len(paths)} meetings x budgets {budgets} ({', '.join(sections) or 'no retention'})"
         + (f"; prefix replay of {len(turns)} turns" if turns else "")
@@ -193,12 +217,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         plot_name = plot.name if plot else None
         out[STATIC] = render.static_section(info, results, budgets, speed, args.speed_seconds, plot_name)
     if PREFIX in parts:
-        out[PREFIX] = render.prefix_section(info, prefix, prefix_names, len(turns), meetings_in(turns))
+        if chat:
+            title = "Cached-prefix share (two-party chat replay with maintenance running)"
+            data = (
+                f"TIAGE test dialogues (PersonaChat) in file order, its first {len(turns):,} turns "
+                f"({sessions_in(turns)} dialogues) as one chat: each dialogue a session of alternating "
+                f"user / assistant turns {CHAT_TURN_SECONDS[0]}-{CHAT_TURN_SECONDS[1]} s apart, sessions "
+                f"{SESSION_GAP_HOURS[0]}-{SESSION_GAP_HOURS[1]} hours apart (fixed seed), so silence "
+                "ends each topic, as in a bot's chat that spans weeks."
+            )
+        else:
+            title = "Cached-prefix share (QMSum replay with maintenance running)"
+            data = (
+                f"QMSum {args.split} split, its first {len(turns):,} stored turns in meeting-name order "
+                f"({meetings_in(turns)} meetings back to back) as one conversation."
+            )
+        out[PREFIX] = render.prefix_section(info, prefix, prefix_names, title, data)
     if args.out is None:  # like the other benchmarks: print unless told where to write
         print("\n\n".join(out[p] for p in PARTS if p in out))
         return
     for part, md in out.items():
-        write(args.out, SECTIONS[part], md)
+        write(args.out, CHAT_SECTION if part == PREFIX and chat else SECTIONS[part], md)
     log(f"wrote {args.out}{f' and {plot}' if plot else ''} in {time.perf_counter() - started:.0f}s")
 
 

@@ -87,9 +87,12 @@ class Turn:
     name: str
     content: str
     timestamp: datetime
+    role: str = "user"
+    """``user`` for a meeting's turns; a two-party chat's alternate with ``assistant``."""
 
     def openai(self) -> dict[str, Any]:
-        return {"role": "user", "content": self.content, "name": self.name}
+        """The turn as an OpenAI message (``name`` only when it has one)."""
+        return {"role": self.role, "content": self.content, **({"name": self.name} if self.name else {})}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,12 @@
 """Cached-prefix share: how much of each turn's context a provider's prompt cache could reuse.
 
-One conversation of ``turns`` QMSum turns (the test split's meetings in name order, back
-to back, timestamps :data:`~.data.TURN_SECONDS` apart) is replayed with ``get_context``
-after every turn. A context is tokenised as a provider sees it: per message a start
-marker, ``role`` and ``name``, a separator, the ``content`` (and any ``tool_calls`` /
-``tool_call_id`` as JSON), an end marker; cl100k_base for the text, markers that match
-no text token. Per turn (from the second):
+One conversation of ``turns`` turns is replayed with ``get_context`` after every turn: QMSum
+turns (the split's meetings in name order, back to back, timestamps
+:data:`~.data.TURN_SECONDS` apart), or a two-party chat (:func:`chat_turns`: TIAGE dialogues
+as sessions hours or days apart, so that silence ends each one, as in a bot's long chat).
+A context is tokenised as a provider sees it: per message a start marker, ``role`` and
+``name``, a separator, the ``content`` (and any ``tool_calls`` / ``tool_call_id`` as JSON),
+an end marker; cl100k_base for the text, markers that match no text token. Per turn (from the second):
 
 - **prefix share**: the longest common token prefix with the previous turn's context,
   over this context's tokens (what a prompt cache can serve);
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +63,37 @@ def conversation_turns(data_dir: Path, split: str, turns: int) -> list[Turn]:
             if len(out) == turns:
                 return out
     return out
+
+
+#: TIAGE file of :func:`chat_turns` (its test dialogues: the boundary benchmark tunes on the others).
+CHAT_FILE = "anno_test.json"
+#: Hours between two sessions of the chat replay (uniform, fixed seed), and seconds between turns.
+SESSION_GAP_HOURS = (6, 60)
+CHAT_TURN_SECONDS = (10, 90)
+
+
+def chat_turns(data_dir: Path, turns: int, seed: int = 7) -> list[Turn]:
+    """A long two-party chat: TIAGE's test dialogues in file order, each a session of alternating
+    ``user`` / ``assistant`` turns, sessions :data:`SESSION_GAP_HOURS` apart (so each starts after a
+    silence), turns :data:`CHAT_TURN_SECONDS` apart; the first ``turns`` turns."""
+    dialogues = json.loads((data_dir / "tiage" / CHAT_FILE).read_text(encoding="utf-8"))
+    rng = random.Random(seed)
+    at = START
+    out: list[Turn] = []
+    for dialogue in dialogues.values():
+        at += timedelta(hours=rng.randint(*SESSION_GAP_HOURS))
+        for i, (text, _label) in enumerate(dialogue):
+            at += timedelta(seconds=rng.randint(*CHAT_TURN_SECONDS))
+            role = "user" if i % 2 == 0 else "assistant"
+            out.append(Turn(i, len(out) + 1, role, "", str(text), at, role))
+            if len(out) == turns:
+                return out
+    return out
+
+
+def sessions_in(turns: Sequence[Turn]) -> int:
+    """Sessions (dialogues) a :func:`chat_turns` list spans."""
+    return sum(1 for t in turns if t.index == 0)
 
 
 def meetings_in(turns: Sequence[Turn]) -> int:
@@ -182,7 +215,7 @@ async def run_ours(
     prev_sig: object = None
     try:
         for n, turn in enumerate(turns, 1):
-            msg = {"role": "user", "content": turn.content, "name": turn.name, "timestamp": turn.timestamp}
+            msg = {**turn.openai(), "timestamp": turn.timestamp}
             await h.add_message(CONVERSATION, msg)
             if n % maintain_every == 0:
                 await h.maintain(CONVERSATION, now=turn.timestamp)

@@ -302,20 +302,16 @@ def static_section(
 
 
 def prefix_section(
-    info: RunInfo, results: Sequence[PrefixResult | None], names: Sequence[str], turns: int, meetings: int
+    info: RunInfo, results: Sequence[PrefixResult | None], names: Sequence[str], title: str, data: str
 ) -> str:
     ran = [r for r in results if r is not None]
     budget = ran[0].budget if ran else 0
     every = next((r.maintain_every for r in ran if r.maintain_every), 0)
     source = next((r.event_source for r in ran if r.system != HALVE), NA)
     lines = [
-        "## Cached-prefix share (QMSum replay with maintenance running)",
+        f"## {title}",
         "",
-        *run_block(
-            info,
-            f"QMSum {info.split} split, its first {turns:,} stored turns in meeting-name order "
-            f"({meetings} meetings back to back) as one conversation.",
-        ),
+        *run_block(info, data),
         "### Method",
         "",
         "- OpenAI, Anthropic and Gemini cache prompt prefixes: tokens that repeat the previous request's "
