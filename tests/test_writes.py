@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -124,6 +125,34 @@ def test_the_state_document_is_what_json_dumps_writes() -> None:
             seen.update(k for k, v in json.loads(st.body()).items() if v not in (None, [], 0, False))
     # The run reached every part of the document that can hold something.
     assert {"calls", "last_seal", "pins", "window", "users", "channel", "budget", "maint"} <= seen
+
+
+def test_a_state_copied_with_changes_is_what_dataclasses_replace_makes() -> None:
+    """``with_changes`` (and ``bumped``) copy a state field by field instead of through ``replace``:
+    the same state, whichever fields change, and an unknown field is refused as replace refuses it."""
+    with SyncHistoryCompressor("memory://", context_budget=400) as h:
+        for i in range(40):
+            h.add_message(
+                "c", {"role": "user", "content": f"{'New topic: ' if i % 9 == 0 else ''}m {i} {FILLER}"}
+            )
+        h.pin("c", "be brief", key="k")
+        st = h.reply.states.get("c")
+    assert st is not None and st.last_seal is not None and st.pins
+    every = {f.name: getattr(st, f.name) for f in dataclasses.fields(st)}
+    other = ConversationState(id="other", version=7, users=("u",), budget=300, needs_maintenance=True)
+    for name in every:
+        for changes in ({}, {name: getattr(other, name)}, {n: getattr(other, n) for n in every if n >= name}):
+            copied = st.with_changes(changes)
+            assert copied == dataclasses.replace(st, **changes)
+            assert {f.name: getattr(copied, f.name) for f in dataclasses.fields(st)} == {**every, **changes}
+            assert hash(copied) == hash(dataclasses.replace(st, **changes))
+    assert st.bumped(epoch=9) == dataclasses.replace(st, version=st.version + 1, epoch=9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        st.with_changes({}).version = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        st.with_changes({"no_such_field": 1})
+    with pytest.raises(TypeError):
+        st.bumped(version=5)
 
 
 # -- statements per write ------------------------------------------------------------------------------
