@@ -211,6 +211,31 @@ def test_sqlite_append_and_seal_run_two_and_three_statements(
     ]
 
 
+def test_sqlite_writes_reach_a_conversation_made_again_under_another_key(tmp_path: Path) -> None:
+    """A SQLite store remembers the row key of the conversations it writes (its update then needs no
+    RETURNING): a conversation another process deleted and made again has a new key, and the next
+    write lands in the new row, at the version the guard expects, whatever the old key was."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    with SyncHistoryCompressor(url) as a, SyncHistoryCompressor(url) as b:
+        for i in range(2):
+            a.add_message("c", {"role": "user", "content": f"old {i} {FILLER}"})
+        store = a.sync_store
+        assert isinstance(store, SQLStore)
+        old_key = store._keys["c"]
+        assert b.delete_conversation("c")
+        for _ in range(2):  # takes the old key, at the version of a's stale state
+            b.add_message("other", {"role": "user", "content": f"takes a key {FILLER}"})
+        for i in range(2):  # the same version again: only the key and the id tell the rows apart
+            b.add_message("c", {"role": "user", "content": f"new {i} {FILLER}"})
+        a.add_message("c", {"role": "assistant", "content": f"from a {FILLER}"})
+        assert store._keys["c"] != old_key
+        got = [m.content for m in b.get_history("c").messages]
+        assert got == [f"new 0 {FILLER}", f"new 1 {FILLER}", f"from a {FILLER}"]
+        assert [m.content for m in b.get_history("other").messages] == [f"takes a key {FILLER}"] * 2
+        a.add_message("c", {"role": "user", "content": f"again {FILLER}"})  # the kept key now
+        assert len(b.get_history("c").messages) == 4
+
+
 class _Recording:
     """A cursor that notes the first word of every statement it is given."""
 
