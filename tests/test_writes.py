@@ -236,6 +236,58 @@ def test_sqlite_writes_reach_a_conversation_made_again_under_another_key(tmp_pat
         assert len(b.get_history("c").messages) == 4
 
 
+def test_store_retry_runs_the_first_attempt_bare_and_then_waits_as_tenacity_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five attempts, 0.05 s doubling between them (at most 1 s), transient failures only, the last
+    failure raised: the schedule tenacity ran alone, now entered only after a first failure."""
+    from tiered_history import retry
+    from tiered_history.errors import StoreError, TransientStoreError
+
+    waits: list[float] = []
+    monkeypatch.setattr(time, "sleep", waits.append)
+
+    def failing(times: int, error: type[Exception] = TransientStoreError) -> tuple[Any, list[int]]:
+        calls: list[int] = []
+
+        def fn() -> str:
+            calls.append(len(calls) + 1)
+            if len(calls) <= times:
+                raise error(f"attempt {len(calls)}")
+            return "done"
+
+        return fn, calls
+
+    for times in range(retry.STORE_ATTEMPTS):
+        waits.clear()
+        fn, calls = failing(times)
+        assert retry.store_retry(fn) == "done"
+        assert calls == list(range(1, times + 2))
+        assert waits == pytest.approx([0.05, 0.1, 0.2, 0.4][:times])
+    waits.clear()
+    fn, calls = failing(retry.STORE_ATTEMPTS)
+    with pytest.raises(TransientStoreError, match=f"attempt {retry.STORE_ATTEMPTS}"):
+        retry.store_retry(fn)
+    assert len(calls) == retry.STORE_ATTEMPTS and waits == pytest.approx([0.05, 0.1, 0.2, 0.4])
+    for times in (1, 2):  # not transient: raised at once, wherever it comes
+        waits.clear()
+        fn, calls = failing(times, StoreError)
+        with pytest.raises(StoreError, match="attempt 1"):
+            retry.store_retry(fn)
+        assert len(calls) == 1 and waits == []
+    attempts: list[int] = []
+
+    def transient_then_permanent() -> str:
+        attempts.append(1)
+        raise (TransientStoreError if len(attempts) == 1 else StoreError)(f"attempt {len(attempts)}")
+
+    waits.clear()
+    with pytest.raises(StoreError, match="attempt 2"):
+        retry.store_retry(transient_then_permanent)
+    assert len(attempts) == 2
+    assert waits == pytest.approx([0.05])
+
+
 class _Recording:
     """A cursor that notes the first word of every statement it is given."""
 
