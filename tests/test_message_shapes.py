@@ -1077,3 +1077,32 @@ def test_arbitrary_non_dict_values_raise_invalid_message_error(value: object) ->
         return
     with pytest.raises(InvalidMessageError):
         norm(value)
+
+
+# Text checks skip the surrogate search for ASCII text, and a string content is checked once: any
+# text, as the whole content, a content part or a metadata value, is still refused exactly when it
+# holds a NUL (outside JSON values), a lone surrogate, or (content) nothing but blanks.
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(alphabet=st.sampled_from(["a", " ", "é", "\x00", "\ud800", "\udfff", "字", "\n"]), max_size=12),
+    st.sampled_from(["content", "part", "metadata"]),
+)
+def test_text_is_refused_exactly_for_a_nul_or_a_lone_surrogate(text: str, where: str) -> None:
+    nul = "\x00" in text and where != "metadata"
+    surrogate = any("\ud800" <= c <= "\udfff" for c in text)
+    blank = where != "metadata" and not text.strip()
+    if where == "content":
+        message: dict[str, Any] = {"role": "user", "content": text}
+    elif where == "part":
+        message = {"role": "user", "content": [{"type": "text", "text": text}]}
+    else:
+        message = {"role": "user", "content": "x", "metadata": {"note": text}}
+    if not (nul or surrogate or blank):
+        assert normalize_message(message, now=datetime.now(UTC)).text == (
+            text if where != "metadata" else "x"
+        )
+        return
+    with pytest.raises(InvalidMessageError) as err:
+        normalize_message(message, now=datetime.now(UTC))
+    found = {"NUL byte": nul, "lone UTF-16 surrogate": surrogate, "must not be empty": blank}
+    assert any(problem in str(err.value) for problem, there in found.items() if there)
