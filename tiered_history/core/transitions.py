@@ -425,6 +425,8 @@ def append_all(
             error = InvalidMessageError(f"message {i} of the batch: {exc}")
             error.index = i
             raise error from None
+        if last == 0:
+            return done.writes  # one message: its write is the batch's, at the next version already
         rows.extend(done.writes.messages)
         sealed.extend(done.writes.summaries)
         updates.extend(done.writes.updates)
@@ -433,7 +435,7 @@ def append_all(
     assert cur is not None
     base = 0 if state is None else state.version
     if cur.version != base + 1:  # one write, one version (each append bumped it)
-        cur = replace(cur, version=base + 1)
+        cur = cur.with_changes({"version": base + 1})
     return Writes(cur, tuple(rows), tuple(sealed), tuple(updates), create=state is None)
 
 
