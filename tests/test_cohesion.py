@@ -203,6 +203,35 @@ def test_state_stays_small_whatever_is_said(texts: list[str], rnd: random.Random
         assert len(state.to_json().encode()) <= 2048
 
 
+# Words of ASCII text take a quicker pattern (cohesion's terms, the stored word count): the
+# same words as the general one, for any ASCII text, markup, digits and apostrophes included.
+_ASCII_TEXT = st.lists(
+    st.sampled_from([*"abcXYZ019 '_-.,?!{}<>/:\n\t", "http://x.y", "don't", "New topic", "{vocalsound}"]),
+    max_size=80,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ASCII_TEXT)
+def test_ascii_text_has_the_words_the_general_pattern_finds(text: str) -> None:
+    from tiered_history.core.ranking import word_count, words
+
+    cleaned = cohesion._clean(text)
+    assert cleaned.isascii()
+    assert cohesion._words(cleaned) == cohesion._WORD.findall(cleaned)
+    assert word_count(text) == len(words(text))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=200))
+def test_any_text_has_the_words_the_general_pattern_finds(text: str) -> None:
+    from tiered_history.core.ranking import word_count, words
+
+    cleaned = cohesion._clean(text)
+    assert cohesion._words(cleaned) == cohesion._WORD.findall(cleaned)
+    assert word_count(text) == len(words(text))
+
+
 def test_state_stays_small_in_a_long_conversation_of_long_words() -> None:
     rnd = random.Random(7)
     alphabet = "абвгдежзийклмнопрстуфхцчшщэюяabcdefghijklmnopqrstuvwxyz"

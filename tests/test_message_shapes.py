@@ -1077,3 +1077,71 @@ def test_arbitrary_non_dict_values_raise_invalid_message_error(value: object) ->
         return
     with pytest.raises(InvalidMessageError):
         norm(value)
+
+
+# Text checks skip the surrogate search for ASCII text, and a string content is checked once: any
+# text, as the whole content, a content part or a metadata value, is still refused exactly when it
+# holds a NUL (outside JSON values), a lone surrogate, or (content) nothing but blanks.
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(alphabet=st.sampled_from(["a", " ", "é", "\x00", "\ud800", "\udfff", "字", "\n"]), max_size=12),
+    st.sampled_from(["content", "part", "metadata"]),
+)
+def test_text_is_refused_exactly_for_a_nul_or_a_lone_surrogate(text: str, where: str) -> None:
+    nul = "\x00" in text and where != "metadata"
+    surrogate = any("\ud800" <= c <= "\udfff" for c in text)
+    blank = where != "metadata" and not text.strip()
+    if where == "content":
+        message: dict[str, Any] = {"role": "user", "content": text}
+    elif where == "part":
+        message = {"role": "user", "content": [{"type": "text", "text": text}]}
+    else:
+        message = {"role": "user", "content": "x", "metadata": {"note": text}}
+    if not (nul or surrogate or blank):
+        assert normalize_message(message, now=datetime.now(UTC)).text == (
+            text if where != "metadata" else "x"
+        )
+        return
+    with pytest.raises(InvalidMessageError) as err:
+        normalize_message(message, now=datetime.now(UTC))
+    found = {"NUL byte": nul, "lone UTF-16 surrogate": surrogate, "must not be empty": blank}
+    assert any(problem in str(err.value) for problem, there in found.items() if there)
+
+
+def _reference_conversation_id_error(value: str) -> str | None:
+    """What validate_conversation_id refused, and why, in the order it checks (written out plainly)."""
+    if not value.strip() or all(
+        c in "\u00ad\u180e\u2060\u2061\u2062\u2063\u2064\ufeff" or "\u200b" <= c <= "\u200f" or c.isspace()
+        for c in value
+    ):
+        return "must not be empty"
+    if len(value) > 255:
+        return "characters long"
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return "control characters"
+    if "\x00" in value:
+        return "NUL byte"
+    if any("\ud800" <= c <= "\udfff" for c in value):
+        return "lone UTF-16 surrogate"
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from(
+            ["a", "-", " ", "\t", "\x1f", "\x7f", "\x80", "é", "\u200b", "\ud800", "字"]
+        ),
+        max_size=8,
+    )
+)
+def test_conversation_ids_are_refused_for_what_they_always_were(value: str) -> None:
+    from tiered_history.errors import InvalidConversationIdError
+    from tiered_history.models import validate_conversation_id
+
+    why = _reference_conversation_id_error(value)
+    if why is None:
+        assert validate_conversation_id(value) is value
+        return
+    with pytest.raises(InvalidConversationIdError, match=why):
+        validate_conversation_id(value)

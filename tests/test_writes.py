@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -126,6 +127,34 @@ def test_the_state_document_is_what_json_dumps_writes() -> None:
     assert {"calls", "last_seal", "pins", "window", "users", "channel", "budget", "maint"} <= seen
 
 
+def test_a_state_copied_with_changes_is_what_dataclasses_replace_makes() -> None:
+    """``with_changes`` (and ``bumped``) copy a state field by field instead of through ``replace``:
+    the same state, whichever fields change, and an unknown field is refused as replace refuses it."""
+    with SyncHistoryCompressor("memory://", context_budget=400) as h:
+        for i in range(40):
+            h.add_message(
+                "c", {"role": "user", "content": f"{'New topic: ' if i % 9 == 0 else ''}m {i} {FILLER}"}
+            )
+        h.pin("c", "be brief", key="k")
+        st = h.reply.states.get("c")
+    assert st is not None and st.last_seal is not None and st.pins
+    every = {f.name: getattr(st, f.name) for f in dataclasses.fields(st)}
+    other = ConversationState(id="other", version=7, users=("u",), budget=300, needs_maintenance=True)
+    for name in every:
+        for changes in ({}, {name: getattr(other, name)}, {n: getattr(other, n) for n in every if n >= name}):
+            copied = st.with_changes(changes)
+            assert copied == dataclasses.replace(st, **changes)
+            assert {f.name: getattr(copied, f.name) for f in dataclasses.fields(st)} == {**every, **changes}
+            assert hash(copied) == hash(dataclasses.replace(st, **changes))
+    assert st.bumped(epoch=9) == dataclasses.replace(st, version=st.version + 1, epoch=9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        st.with_changes({}).version = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        st.with_changes({"no_such_field": 1})
+    with pytest.raises(TypeError):
+        st.bumped(version=5)
+
+
 # -- statements per write ------------------------------------------------------------------------------
 
 
@@ -180,6 +209,83 @@ def test_sqlite_append_and_seal_run_two_and_three_statements(
         "INSERT INTO messages",
         "INSERT INTO summaries",
     ]
+
+
+def test_sqlite_writes_reach_a_conversation_made_again_under_another_key(tmp_path: Path) -> None:
+    """A SQLite store remembers the row key of the conversations it writes (its update then needs no
+    RETURNING): a conversation another process deleted and made again has a new key, and the next
+    write lands in the new row, at the version the guard expects, whatever the old key was."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    with SyncHistoryCompressor(url) as a, SyncHistoryCompressor(url) as b:
+        for i in range(2):
+            a.add_message("c", {"role": "user", "content": f"old {i} {FILLER}"})
+        store = a.sync_store
+        assert isinstance(store, SQLStore)
+        old_key = store._keys["c"]
+        assert b.delete_conversation("c")
+        for _ in range(2):  # takes the old key, at the version of a's stale state
+            b.add_message("other", {"role": "user", "content": f"takes a key {FILLER}"})
+        for i in range(2):  # the same version again: only the key and the id tell the rows apart
+            b.add_message("c", {"role": "user", "content": f"new {i} {FILLER}"})
+        a.add_message("c", {"role": "assistant", "content": f"from a {FILLER}"})
+        assert store._keys["c"] != old_key
+        got = [m.content for m in b.get_history("c").messages]
+        assert got == [f"new 0 {FILLER}", f"new 1 {FILLER}", f"from a {FILLER}"]
+        assert [m.content for m in b.get_history("other").messages] == [f"takes a key {FILLER}"] * 2
+        a.add_message("c", {"role": "user", "content": f"again {FILLER}"})  # the kept key now
+        assert len(b.get_history("c").messages) == 4
+
+
+def test_store_retry_runs_the_first_attempt_bare_and_then_waits_as_tenacity_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five attempts, 0.05 s doubling between them (at most 1 s), transient failures only, the last
+    failure raised: the schedule tenacity ran alone, now entered only after a first failure."""
+    from tiered_history import retry
+    from tiered_history.errors import StoreError, TransientStoreError
+
+    waits: list[float] = []
+    monkeypatch.setattr(time, "sleep", waits.append)
+
+    def failing(times: int, error: type[Exception] = TransientStoreError) -> tuple[Any, list[int]]:
+        calls: list[int] = []
+
+        def fn() -> str:
+            calls.append(len(calls) + 1)
+            if len(calls) <= times:
+                raise error(f"attempt {len(calls)}")
+            return "done"
+
+        return fn, calls
+
+    for times in range(retry.STORE_ATTEMPTS):
+        waits.clear()
+        fn, calls = failing(times)
+        assert retry.store_retry(fn) == "done"
+        assert calls == list(range(1, times + 2))
+        assert waits == pytest.approx([0.05, 0.1, 0.2, 0.4][:times])
+    waits.clear()
+    fn, calls = failing(retry.STORE_ATTEMPTS)
+    with pytest.raises(TransientStoreError, match=f"attempt {retry.STORE_ATTEMPTS}"):
+        retry.store_retry(fn)
+    assert len(calls) == retry.STORE_ATTEMPTS and waits == pytest.approx([0.05, 0.1, 0.2, 0.4])
+    for times in (1, 2):  # not transient: raised at once, wherever it comes
+        waits.clear()
+        fn, calls = failing(times, StoreError)
+        with pytest.raises(StoreError, match="attempt 1"):
+            retry.store_retry(fn)
+        assert len(calls) == 1 and waits == []
+    attempts: list[int] = []
+
+    def transient_then_permanent() -> str:
+        attempts.append(1)
+        raise (TransientStoreError if len(attempts) == 1 else StoreError)(f"attempt {len(attempts)}")
+
+    waits.clear()
+    with pytest.raises(StoreError, match="attempt 2"):
+        retry.store_retry(transient_then_permanent)
+    assert len(attempts) == 2
+    assert waits == pytest.approx([0.05])
 
 
 class _Recording:

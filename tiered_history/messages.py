@@ -120,7 +120,8 @@ def _check_text(value: str, where: str, what: str | None = None, *, nul: bool = 
     what = what or where
     if not nul and "\x00" in value:
         _fail(where, f"{what} contains a NUL byte, which PostgreSQL cannot store")
-    if _SURROGATE_RE.search(value):
+    # str.isascii() reads a flag of the string: ASCII text holds no surrogate, no search needed.
+    if not value.isascii() and _SURROGATE_RE.search(value):
         _fail(where, f"{what} contains a lone UTF-16 surrogate, which is not valid Unicode text")
     return value
 
@@ -143,7 +144,7 @@ def _json_copy(value: object, where: str, what: str, depth: int = 0) -> Any:
         if not math.isfinite(value):
             _fail(where, f"{what} must be JSON-serialisable: {value!r} is not a JSON number")
         return float(value)
-    if isinstance(value, Mapping):
+    if isinstance(value, (dict, Mapping)):  # a dict first: the ABC check costs more
         out: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str):
@@ -158,7 +159,7 @@ def _json_copy(value: object, where: str, what: str, depth: int = 0) -> Any:
 
 def _raw_fields(message: object) -> dict[str, Any]:
     """The message's fields as a fresh top-level dict (values still the caller's objects)."""
-    if isinstance(message, Mapping):
+    if type(message) is dict or isinstance(message, Mapping):  # the ABC check costs more than a dict
         raw = message
     else:
         dump = getattr(message, "model_dump", None)
@@ -380,7 +381,9 @@ def normalize_message(message: object, *, now: datetime) -> NormalizedMessage:
         transcript = audio.get("transcript")
         pieces.append(transcript if isinstance(transcript, str) and transcript.strip() else "[audio]")
         non_text = True
-    text = _check_text("\n".join(pieces), "content")
+    text = "\n".join(pieces)
+    if not (len(pieces) == 1 and text is payload.get("content")):  # a string content is checked already
+        _check_text(text, "content")
     acts = bool(call_ids) or function_call is not None
     if not text.strip() and not non_text and not acts:
         what = "missing or None" if payload.get("content") is None else "empty"
@@ -399,7 +402,7 @@ def normalize_message(message: object, *, now: datetime) -> NormalizedMessage:
 
     if metadata is None:
         metadata = {}
-    if not isinstance(metadata, Mapping):
+    if not isinstance(metadata, (dict, Mapping)):
         _fail("metadata", f"metadata must be a JSON object, not {type(metadata).__name__}")
     meta: dict[str, Any] = _json_copy(metadata, "metadata", "metadata")
 

@@ -26,6 +26,8 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 #: Whitespace and zero-width characters: an id made only of these looks empty in every log and UI.
 _BLANK_RE = re.compile(r"[\s\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]*")
+#: Control characters an id must not hold (ASCII's: below 32, and DEL).
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
 
 
 def _check_text(value: str, what: str) -> str:
@@ -63,8 +65,10 @@ def validate_conversation_id(conversation_id: object) -> str:
             f"conversation id is {len(conversation_id)} characters long; "
             f"the maximum is {MAX_CONVERSATION_ID_LENGTH}"
         )
-    if any(ord(c) < 32 or ord(c) == 127 for c in conversation_id):
+    if _CONTROL_RE.search(conversation_id):
         raise InvalidConversationIdError("conversation id must not contain control characters")
+    if conversation_id.isascii():  # a flag of the string: no surrogate, and no NUL (a control)
+        return conversation_id
     try:
         _check_text(conversation_id, "conversation id")
     except ValueError as exc:

@@ -28,7 +28,7 @@ from .core.budget import (
     topic_size_limit,
 )
 from .core.phrases import phrases_for
-from .core.ranking import parse_query, recall_query, words
+from .core.ranking import parse_query, recall_query, word_count
 from .core.recollection import Recollection, recollect
 from .core.render import item_line
 from .core.state import ConversationState, Guard, NewMessage, Outcome, WindowMark, Writes
@@ -356,7 +356,7 @@ class ReplyPath:
             tool_call_id=n.tool_call_id,
             metadata=n.metadata or None,
             reply_to=reply_sequence(n.metadata),
-            words=len(words(n.text)),
+            words=word_count(n.text),
         )
 
     def _commit_planned(

@@ -65,6 +65,7 @@ __all__ = [
     "Turn",
     "choose_proposal",
     "decide",
+    "decide_live",
     "explicit_boundary",
     "phrase_pattern",
     "proposer",
@@ -278,7 +279,29 @@ def decide(
     return _decide(plain, topic, legacy).reason
 
 
+def decide_live(
+    rules: BoundaryRules,
+    topic: OpenTopic,
+    incoming: Incoming,
+    detector: CohesionState | None,
+    *,
+    dump: bool,
+) -> tuple[Decision, CohesionState | None]:
+    """:func:`decide` for a batch of messages, one after another: the detector's state is taken from
+    ``detector`` (the one the previous message's decision returned) instead of being read back from
+    ``topic.detector``, and with ``dump`` False it is not formatted to JSON (the decision's
+    ``detector`` is then None): only the batch's last decision needs its text. Returns the decision
+    and the detector's state after it (None when the rules track no content)."""
+    return _decide_live(rules, topic, incoming, detector, dump)
+
+
 def _decide(rules: BoundaryRules, topic: OpenTopic, incoming: Incoming) -> Decision:
+    return _decide_live(rules, topic, incoming, None, True)[0]
+
+
+def _decide_live(
+    rules: BoundaryRules, topic: OpenTopic, incoming: Incoming, live: CohesionState | None, dump: bool
+) -> tuple[Decision, CohesionState | None]:
     sequence = topic.start + topic.messages  # the incoming message's
     may_open = may_open_topic(topic, incoming)
     params, matcher = _compiled(rules)
@@ -286,7 +309,8 @@ def _decide(rules: BoundaryRules, topic: OpenTopic, incoming: Incoming) -> Decis
     words: tuple[int, ...] = ()
     shift: int | None = None
     if rules.tracks_content:
-        state = CohesionState.from_json(topic.detector)
+        # What from_json returns for the text the previous decision dumped: that very object.
+        state = live if live is not None else CohesionState.from_json(topic.detector)
         _reconcile(state, rules, topic, incoming)
         seen = observe(
             state,
@@ -299,9 +323,9 @@ def _decide(rules: BoundaryRules, topic: OpenTopic, incoming: Incoming) -> Decis
         state.seen = sequence
         words, shift = seen.words, seen.shift_keep
 
-    def verdict(reason: str | None, keep: int = 0) -> Decision:
+    def verdict(reason: str | None, keep: int = 0) -> tuple[Decision, CohesionState | None]:
         if state is None:
-            return Decision(reason, keep, topic.detector)
+            return Decision(reason, keep, topic.detector), None
         if reason is None:
             state.start = topic.start if topic.messages else sequence
         elif reason != UNSEAL:
@@ -312,7 +336,7 @@ def _decide(rules: BoundaryRules, topic: OpenTopic, incoming: Incoming) -> Decis
                 unsealable=reason in _UNSEALABLE,
                 by_content=reason == TEMPORAL or rules.unseal_after_cohesion,
             )
-        return Decision(reason, keep, state.dump())
+        return Decision(reason, keep, state.dump() if dump else None), state
 
     phrase = (
         rules.explicit

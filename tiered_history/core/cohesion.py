@@ -76,6 +76,8 @@ _TEXT_CHARS = 1000  # a shift is announced early in a message; the rest only cos
 UNSEAL_MESSAGES = 3  # content messages after a seal during which it may be undone
 
 _WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
+#: ``_WORD`` on ASCII text after ``lower()``: the same words, found in half the time.
+_ASCII_WORD = re.compile(r"[a-z]+(?:'[a-z]+)*")
 _MARKUP = re.compile(r"\{\w+\}|<[^<>\n]{1,40}>|https?://\S+")
 _UNSPACED_RUN = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
 _CUE = re.compile(
@@ -135,7 +137,7 @@ def term_ids(text: str) -> list[int]:
     """The content terms of ``text`` as stable 32-bit ids: the state holds ids, never the user's words."""
     out: dict[int, None] = {}
     cache = _IDS
-    for word in _WORD.findall(_clean(text)):
+    for word in _words(_clean(text)):
         h = cache.get(word)
         if h is None:
             if _UNSPACED_RUN.match(word):
@@ -159,6 +161,11 @@ _IDS: dict[str, int] = {}
 def _term_id(term: str) -> int:
     # 24 bits of its CRC-32 (never 0): stable across processes, unlike hash(), and 3 bytes in the state.
     return (zlib.crc32(term.encode()) & 0xFFFFFF) or 1
+
+
+def _words(cleaned: str) -> list[str]:
+    """The words of a ``_clean`` text (lower-cased already)."""
+    return _ASCII_WORD.findall(cleaned) if cleaned.isascii() else _WORD.findall(cleaned)
 
 
 def _clean(text: str) -> str:

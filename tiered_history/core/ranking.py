@@ -46,6 +46,15 @@ def words(text: str) -> list[str]:
     return _WORD_RE.findall(text.lower())
 
 
+#: ``_WORD_RE`` on ASCII text: lower-casing it moves no word boundary there.
+_ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+")
+
+
+def word_count(text: str) -> int:
+    """``len(words(text))``, without lower-casing ASCII text (counted on every stored message)."""
+    return len(_ASCII_WORD_RE.findall(text)) if text.isascii() else len(words(text))
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     """What to look for: word groups (each a word or a phrase) or, failing any word, literal text."""

@@ -10,10 +10,11 @@ memory. Stores keep it as one opaque JSON document next to a few columns they in
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from enum import Enum
+from json.encoder import encode_basestring as _encode_string
 from typing import Any
 
 #: ``due_at`` of a conversation whose maintenance work is due now, whatever clock asks.
@@ -100,11 +101,13 @@ class Recent:
 
 
 def _quoted(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    # What json.dumps(text, ensure_ascii=False) returns for a string, without building an encoder
+    # first (half the cost of the detector's 1-2 KB document, quoted on every write).
+    return _encode_string(text)
 
 
 def _opt(text: str | None) -> str:
-    return "null" if text is None else json.dumps(text, ensure_ascii=False)
+    return "null" if text is None else _encode_string(text)
 
 
 def _int(value: int | None) -> str:
@@ -400,7 +403,45 @@ class ConversationState:
 
     def bumped(self, **changes: Any) -> ConversationState:
         """This state with ``changes`` and the next version."""
-        return replace(self, version=self.version + 1, **changes)
+        if "version" in changes:
+            raise TypeError("bumped() sets the version itself")
+        changes["version"] = self.version + 1
+        return self.with_changes(changes)
+
+    def with_changes(self, changes: Mapping[str, Any]) -> ConversationState:
+        """``dataclasses.replace(self, **changes)``, three times faster (every message makes one)."""
+        if not changes.keys() <= _STATE_FIELDS:
+            raise TypeError(f"unknown ConversationState fields: {sorted(set(changes) - _STATE_FIELDS)}")
+        return _copy_state(self, changes)
+
+
+#: The fields of a state (all set by ``__init__``; it has no ``__post_init__``).
+_STATE_FIELDS = frozenset(f.name for f in fields(ConversationState))
+
+
+def _state_copier() -> Callable[[ConversationState, Mapping[str, Any]], ConversationState]:
+    """A function copying a state field by field into a new instance, then setting ``changes``.
+
+    What ``dataclasses.replace`` does, minus its generic work: it walks the fields, builds
+    keyword arguments and calls ``__init__``, which sets each slot through
+    ``object.__setattr__`` (the class is frozen). Generated once, as dataclasses generates
+    ``__init__``: one line a field.
+    """
+    lines = [f"    set_(new, {n!r}, state.{n})" for n in sorted(_STATE_FIELDS)]
+    source = (
+        "def copy(state, changes):\n"
+        "    new = new_(cls)\n" + "\n".join(lines) + "\n"
+        "    for name, value in changes.items():\n"
+        "        set_(new, name, value)\n"
+        "    return new\n"
+    )
+    scope: dict[str, Any] = {"new_": object.__new__, "set_": object.__setattr__, "cls": ConversationState}
+    exec(source, scope)  # the source is built above from the class's own field names
+    copy: Callable[[ConversationState, Mapping[str, Any]], ConversationState] = scope["copy"]
+    return copy
+
+
+_copy_state = _state_copier()
 
 
 # -- writes ----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import InvalidMessageError
 from ..models import StoredMessage, Summary
-from .boundaries import COHESION, UNSEAL, BoundaryRules, OpenTopic, Proposal, decide, reply_sequence
+from .boundaries import COHESION, UNSEAL, BoundaryRules, OpenTopic, Proposal, decide_live, reply_sequence
 from .boundaries import Incoming as Seen
 from .cohesion import CohesionState
 from .ranking import words
@@ -66,6 +66,8 @@ class Appended:
     writes: Writes
     sequence: int
     sealed: NewSummary | None
+    detector: CohesionState | None = None
+    """The content detector's state after the message (None when the rules track no content)."""
 
 
 # -- sealing ---------------------------------------------------------------------------------------
@@ -272,10 +274,15 @@ def append(
     encoding: str,
     now: datetime,
     origin: Origin | None = None,
+    detector: CohesionState | None = None,
+    dump: bool = True,
 ) -> Appended:
     """Store ``message`` with the next sequence, sealing the open topic first if a rule says so.
 
-    Raises :class:`InvalidMessageError` for a tool result that answers no open call.
+    Raises :class:`InvalidMessageError` for a tool result that answers no open call. A batch passes
+    the ``detector`` the previous message's :class:`Appended` returned, and ``dump`` False for all
+    but its last message: the states in between then hold no detector text (they are never stored
+    nor read; see :func:`~.boundaries.decide_live`).
     """
     create = state is None
     before = new_state(conversation_id, platform, encoding, now) if state is None else state
@@ -286,7 +293,7 @@ def append(
             "(add the assistant message with the matching tool_calls first)"
         )
     m = message
-    verdict = decide(
+    verdict, live = decide_live(
         rules,
         _open_topic(before),
         Seen(
@@ -298,6 +305,8 @@ def append(
             pinned=m.pinned,
             reply_to=m.reply_to,
         ),
+        detector,
+        dump=dump,
     )
     updates: tuple[SummaryUpdate, ...] = ()
     sealed: NewSummary | None = None
@@ -373,6 +382,7 @@ def append(
         Writes(after, messages=(row,), summaries=(sealed,) if sealed else (), updates=updates, create=create),
         seq,
         sealed,
+        live,
     )
 
 
@@ -393,23 +403,39 @@ def append_all(
     sealed: list[NewSummary] = []
     updates: list[SummaryUpdate] = []
     cur = state
+    live: CohesionState | None = None
+    last = len(messages) - 1
     for i, m in enumerate(messages):
         try:
+            # The detector's state goes from one message to the next as it is; only the last
+            # message's is formatted (what is stored), as it would be appended alone.
             done = append(
-                cur, conversation_id, m, rules, platform=platform, encoding=encoding, now=now, origin=origin
+                cur,
+                conversation_id,
+                m,
+                rules,
+                platform=platform,
+                encoding=encoding,
+                now=now,
+                origin=origin,
+                detector=live,
+                dump=i == last,
             )
         except InvalidMessageError as exc:
             error = InvalidMessageError(f"message {i} of the batch: {exc}")
             error.index = i
             raise error from None
+        if last == 0:
+            return done.writes  # one message: its write is the batch's, at the next version already
         rows.extend(done.writes.messages)
         sealed.extend(done.writes.summaries)
         updates.extend(done.writes.updates)
         cur = done.writes.state
+        live = done.detector
     assert cur is not None
     base = 0 if state is None else state.version
     if cur.version != base + 1:  # one write, one version (each append bumped it)
-        cur = replace(cur, version=base + 1)
+        cur = cur.with_changes({"version": base + 1})
     return Writes(cur, tuple(rows), tuple(sealed), tuple(updates), create=state is None)
 
 

@@ -84,6 +84,8 @@ _STATE_COLS = (
 NOWAIT_CONNECTIONS = 2
 #: psycopg's ``TransactionStatus.IDLE``: no transaction open on the connection.
 _PG_IDLE = 0
+#: Conversation row keys a SQLite store remembers (all forgotten at once beyond this).
+KEYS_KEPT = 65536
 
 
 class Statements:
@@ -107,6 +109,14 @@ class Statements:
         self.update_conversation = s(
             "UPDATE conversations SET version = :version, platform = :platform, updated_at = :updated_at, "
             "due_at = :due_at, state = :state WHERE id = :id AND version = :expect RETURNING key, lease_owner"
+        )
+        # The same update of a row whose key is known (SQLite: RETURNING costs more than the update
+        # itself; ``rowcount`` says whether it matched). Naming the id too, a key kept from before
+        # the conversation was deleted and made again matches nothing: the caller falls back to
+        # the statement above.
+        self.update_conversation_at = s(
+            "UPDATE conversations SET version = :version, platform = :platform, updated_at = :updated_at, "
+            "due_at = :due_at, state = :state WHERE key = :key AND id = :id AND version = :expect"
         )
         self.insert_message = s(
             "INSERT INTO messages (conv, seq, role, created_at, tokens, full_tokens, pinned, pin_key, "
@@ -479,6 +489,8 @@ class SQLStore:
         self._sqlite = self.caps.name == "sqlite"
         #: Each recent query word's newest matching rows per conversation (see :mod:`.recall`).
         self._recall = CandidateCache()
+        #: SQLite: the row key of conversations written here (see ``_update_state``).
+        self._keys: dict[str, int] = {}
         #: In-memory SQLite: one shared connection, so callers must take turns (one thread).
         self.single_connection = self.caps.single_connection
         # An engine made here is used through connections held across transactions; one a caller
@@ -1185,18 +1197,27 @@ class SQLStore:
             if guard.version is not None:
                 raise _Rollback(Outcome.VERSION_CONFLICT)
             cur.execute(q.insert_conversation, params)
-            conv = int(cur.fetchone()[0])
+            conv = self._keep_key(conversation_id, int(cur.fetchone()[0]))
         else:
-            cur.execute(q.update_conversation, {**params, "expect": guard.version})
-            row = cur.fetchone()
-            if row is None:
-                self._classify_miss(cur, conversation_id, guard)
-                raise _Rollback(Outcome.VERSION_CONFLICT)
-            conv = int(row[0])
-            if guard.lease_owner is not None and row[1] != guard.lease_owner:
-                raise LeaseLostError(conversation_id)
-            if writes.release and guard.lease_owner is not None:
-                cur.execute(q.release, {"id": conversation_id, "owner": guard.lease_owner})
+            params["expect"] = guard.version
+            known = self._keys.get(conversation_id) if self._sqlite and guard.lease_owner is None else None
+            if known is not None:
+                params["key"] = known
+                cur.execute(q.update_conversation_at, params)
+                del params["key"]
+            if known is not None and cur.rowcount == 1:
+                conv = known
+            else:
+                cur.execute(q.update_conversation, params)
+                row = cur.fetchone()
+                if row is None:
+                    self._classify_miss(cur, conversation_id, guard)
+                    raise _Rollback(Outcome.VERSION_CONFLICT)
+                conv = self._keep_key(conversation_id, int(row[0]))
+                if guard.lease_owner is not None and row[1] != guard.lease_owner:
+                    raise LeaseLostError(conversation_id)
+                if writes.release and guard.lease_owner is not None:
+                    cur.execute(q.release, {"id": conversation_id, "owner": guard.lease_owner})
         if len(writes.messages) == 1:
             cur.execute(q.insert_message, self._message_params(conv, writes.messages[0]))
         elif writes.messages:
@@ -1210,6 +1231,14 @@ class SQLStore:
             if cur.rowcount != 1 and u.required:
                 raise _Rollback(Outcome.ROW_CONFLICT)
         return Committed(Outcome.COMMITTED, tuple(ids), writes)
+
+    def _keep_key(self, conversation_id: str, key: int) -> int:
+        """Remember ``key`` as the row key of ``conversation_id`` (SQLite); returns it."""
+        if self._sqlite:
+            if len(self._keys) >= KEYS_KEPT:
+                self._keys.clear()
+            self._keys[conversation_id] = key
+        return key
 
     def _append_alone(self, cur: Any, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
         """``writes`` (a state update and messages, nothing else) as one statement."""
@@ -1405,6 +1434,7 @@ class SQLStore:
                 return False
             for sql in (q.delete_messages, q.delete_summaries, q.delete_conversation):
                 cur.execute(sql, {"conv": conv})
+            self._keys.pop(conversation_id, None)
             self._recall.forget(conv)
             return True
 
