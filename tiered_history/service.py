@@ -848,7 +848,16 @@ class ReplyPath:
         first: the next read decides the same. False when it could not be recorded now."""
         start = ctx.current_topic[0].sequence if ctx.current_topic and not ctx.truncated_newest else None
         shown = tuple(x.id for x in ctx.bulk_archives + ctx.historical_topics)
-        mark = WindowMark(start, max_tokens, state.epoch, shown) if start is not None else state.window
+        mark = state.window
+        if start is not None:
+            mark = WindowMark(start, max_tokens, state.epoch, shown)
+            old = state.window
+            if old is not None and replace(old, seal_at=None) == mark:
+                mark = old  # between events its seal point stands (the window grew as the topic did)
+            elif self._window_seals(state, max_tokens):
+                # Where the window no longer fits: the room the context leaves (recall gives way).
+                room = max_tokens - ctx.total_tokens + ctx.tier_tokens.get("recall", 0)
+                mark = replace(mark, seal_at=state.open.tokens + max(room, 0))
         if state.budget == max_tokens and mark == state.window:
             return True
         after = state.bumped(budget=max_tokens, window=mark)
@@ -908,12 +917,21 @@ class ReplyPath:
             measure=self._measure,
         )
 
+    def _window_seals(self, state: ConversationState, max_tokens: int) -> bool:
+        """Whether the size rule seals the open topic where the window stops fitting (recorded with
+        the window, :attr:`WindowMark.seal_at`): with the size rule on, at budgets laid out for the
+        cache (below them the window reaches back as far as fits, so it would seal every message)."""
+        return max_tokens >= self.shares.cache_min and self.rules(state.platform, max_tokens).size
+
     def _growth(self, state: ConversationState, max_tokens: int) -> int:
-        """How much the open topic may grow before a rule seals it (an event): the size rule's limit
-        less what it holds already; with no size rule, a step of the window. The limit is the one
-        this read records (the size rule follows the budget a conversation is read with): judged
+        """How much room a window kept at an event must leave for the open topic to grow before a
+        rule seals it (the next event). 0 when the size rule seals where the window stops
+        fitting (:meth:`_window_seals`): the window then stays while it fits at all. Otherwise the
+        size rule's limit less what the topic holds already (the limit this read records: judged
         by an earlier read's budget, the window could be left no room at all and move on the next
-        message although nothing was sealed."""
+        message although nothing was sealed); with no size rule, a step of the window."""
+        if self._window_seals(state, max_tokens):
+            return 0
         rules = self.rules(state.platform, max_tokens)
         if rules.size:
             return max(rules.size_limit - state.open.tokens, 0)

@@ -140,7 +140,8 @@ def _seal(x: SealInfo) -> str:
 
 
 def _window(w: WindowMark) -> str:
-    return f"[{w.start},{w.budget},{w.epoch},[{','.join([str(int(i)) for i in w.shown])}]]"
+    seal_at = "null" if w.seal_at is None else int(w.seal_at)
+    return f"[{w.start},{w.budget},{w.epoch},[{','.join([str(int(i)) for i in w.shown])}],{seal_at}]"
 
 
 #: Encoded :class:`Recent` entries by identity (a state keeps each for its next RECENT writes).
@@ -196,15 +197,22 @@ class WindowMark:
     shown: tuple[int, ...] = ()
     """Ids of the archives and topic summaries shown beside it: they stay until the start moves
     (a summary merged meanwhile still says what it said; the archive replacing it waits)."""
+    seal_at: int | None = None
+    """The open topic's size at which the window no longer fits beside the blocks (its tokens
+    then, plus the room the context left). The size rule seals there, an event, so the window
+    never has to move between events and need not keep the size limit's growth free at each one
+    (see :func:`window_size_limit`). None: only the size limit applies."""
 
     def to_json(self) -> list[Any]:
-        return [self.start, self.budget, self.epoch, list(self.shown)]
+        return [self.start, self.budget, self.epoch, list(self.shown), self.seal_at]
 
     @classmethod
     def from_json(cls, v: Sequence[Any] | None) -> WindowMark | None:
         if v is None:
             return None
-        return cls(int(v[0]), int(v[1]), int(v[2]), tuple(int(i) for i in (v[3] if len(v) > 3 else ())))
+        shown = tuple(int(i) for i in (v[3] if len(v) > 3 else ()))
+        seal_at = int(v[4]) if len(v) > 4 and v[4] is not None else None
+        return cls(int(v[0]), int(v[1]), int(v[2]), shown, seal_at)
 
 
 #: The names, in a state's document (:meth:`ConversationState.body`), of its ``summaries_key``.

@@ -264,6 +264,25 @@ class Origin:
         }
 
 
+def window_size_limit(rules: BoundaryRules, state: ConversationState) -> BoundaryRules:
+    """``rules`` with the size limit lowered to where the window recorded at the last event no
+    longer fits (:attr:`WindowMark.seal_at`): the open topic is sealed there, an event at which the
+    window may move, instead of the window moving between events (a rewrite of the cached prefix)
+    or keeping the whole size limit free at every event (a short window, moved often). Only a mark
+    recorded since the last event, for the budget the conversation is read with, counts."""
+    mark = state.window
+    if (
+        not rules.size
+        or mark is None
+        or mark.seal_at is None
+        or mark.epoch != state.epoch
+        or mark.budget != state.budget
+        or mark.seal_at >= rules.size_limit
+    ):
+        return rules
+    return replace(rules, size_limit=max(mark.seal_at, 1))
+
+
 def append(
     state: ConversationState | None,
     conversation_id: str,
@@ -294,7 +313,7 @@ def append(
         )
     m = message
     verdict, live = decide_live(
-        rules,
+        window_size_limit(rules, before),
         _open_topic(before),
         Seen(
             role=m.role,
