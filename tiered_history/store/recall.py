@@ -13,8 +13,9 @@ of a read with recall on (8 ms of 9 at 100,000 messages on SQLite; 30-90 ms on P
   searched up to (``upto``); a later call asks the database only for matching rows after them
   and puts them in front (the newest ``cap`` of both are what a new search would find);
 * summaries change in place (a pending topic gets its summary, topics merge into archives),
-  so a word's list is valid only while the conversation's summary key is the same: the state
-  fields every such change moves (:attr:`~..core.state.ConversationState.summaries_key`).
+  so a word's list is valid only while the conversation's search key is the same: the state
+  fields every such change moves, a seal excepted (it adds a pending topic, which no search
+  finds): :attr:`~..core.state.ConversationState.search_key`.
 
 An entry is keyed by the conversation's row key and creation time (a conversation deleted and
 made again is another one), so what another process wrote is found by the same rules: the
@@ -162,7 +163,7 @@ class CandidateCache:
 
     def keep_row(self, conversation: str, i: int, row: Any) -> None:
         """Keep a row that cannot change while ``conversation`` names it: a message (which never
-        changes), or a summary under ``conversation`` extended by the summaries key."""
+        changes), or a summary under ``conversation`` extended by the search key."""
         self._rows.put(f"{conversation}\x1f{i}", row)
 
     @staticmethod
