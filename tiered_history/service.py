@@ -252,6 +252,7 @@ class ReplyPath:
             cache_min=s.cache_min_tokens,
         )
         self._measured: dict[str, int] = {}
+        self._frame = counter.message_tokens({"role": "user", "content": ""})
         self.states = StateCache()
         self.contexts = ContextCache()
         self._rules: dict[tuple[str | None, int | None], BoundaryRules] = {}
@@ -923,7 +924,9 @@ class ReplyPath:
         """Framed tokens of a user message with ``text`` (memoised: blocks repeat turn after turn)."""
         found = self._measured.get(text)
         if found is None:
-            found = self.counter.message_tokens({"role": "user", "content": text})
+            # A message's framing plus its content's count (``message_tokens`` adds them so), the
+            # content counted line by line: a note or block shares most lines with earlier ones.
+            found = self._frame + self.counter.count_lines(text)
             if len(self._measured) >= 512:
                 self._measured.pop(next(iter(self._measured)))
             self._measured[text] = found
