@@ -871,7 +871,8 @@ class ReplyPath:
         recount = bool(state.encoding) and state.encoding != self.counter.encoding_name
         fix = self._recounted if recount else (lambda m: m)
         summ = self._recounted_summary if recount else (lambda x: x)
-        recent = [fix(m) for m in snap.windows[0]]
+        # A copy, counted again only when the tokenizer changed (the window is a few hundred rows).
+        recent = [fix(m) for m in snap.windows[0]] if recount else list(snap.windows[0])
         topics = [summ(t) for t in snap.summaries[0] if t.content]
         archives = sorted((summ(a) for a in snap.summaries[1] if a.content), key=lambda a: a.first_sequence)
         text = self._query_text(recent, query)
