@@ -396,6 +396,73 @@ def test_a_summary_replaced_in_place_is_found_as_it_reads_now(sql_url: str) -> N
         )
 
 
+def test_a_reopened_topic_is_no_longer_found_by_a_store_that_kept_its_summary(sql_url: str) -> None:
+    """A summarised topic that a reply reopens is superseded: a store that found (and kept) its
+    summary finds nothing after, as a store keeping nothing does."""
+    from tiered_history.store.recall import CandidateCache
+
+    now = datetime.now(UTC)
+
+    def at(text: str, minutes: int, reply_to: int | None = None) -> dict[str, Any]:
+        meta = {"reply_to": reply_to} if reply_to is not None else None
+        return {
+            "role": "user",
+            "content": text,
+            "timestamp": now - timedelta(minutes=minutes),
+            "metadata": meta,
+        }
+
+    settings = {"boundaries": {"min_topic_tokens": 0}}
+    with (
+        SyncHistoryCompressor(sql_url, **settings) as kept,
+        SyncHistoryCompressor(sql_url, **settings) as writer,
+        SyncHistoryCompressor(sql_url, **settings) as fresh,
+    ):
+        ks, fs = kept.reply.store, fresh.reply.store
+        assert isinstance(ks, SQLStore) and isinstance(fs, SQLStore)
+        writer.add_message(CID, at("the zanzibar ferry timetable for tomorrow morning", 120))
+        writer.add_message(CID, at("the zanzibar ferry leaves at nine from the old harbour", 119))
+        writer.add_message(CID, at("any plans for the weekend?", 3))  # the silence seals the ferry
+        writer.maintain(CID)
+        q = parse_query("zanzibar ferry")
+        [found] = ks.search(CID, q, 4, kind="summary")
+        assert found.summary is not None and found.summary.status in ("provisional", "final")
+        writer.add_message(CID, at("thanks, that helped", 2, reply_to=2))  # reopens the ferry topic
+        assert [t.status for t in writer.get_history(CID).topics] == ["superseded"]
+        fs._recall = CandidateCache()
+        assert ks.search(CID, q, 4, kind="summary") == fs.search(CID, q, 4, kind="summary") == []
+
+
+def test_a_seal_keeps_the_summary_candidates_found_before(sql_url: str) -> None:
+    """A seal adds a pending topic, which no search finds: a store keeps its summary lists and
+    rows across it (no search statement), and still ranks what a store keeping nothing ranks."""
+    from tiered_history.store.recall import CandidateCache
+
+    now = datetime.now(UTC)
+
+    def recent(text: str, i: int) -> dict[str, Any]:
+        return {"role": "user", "content": text, "timestamp": now - timedelta(seconds=90 - i)}
+
+    with _kept_writer_fresh(sql_url) as (ks, writer, fs):
+        writer.add_messages(
+            CID, [recent(f"the zanzibar ferry leaves at {9 + i} tomorrow", i) for i in range(6)]
+        )
+        writer.seal_current_topic(CID)
+        writer.add_message(CID, recent("a lantern festival by the harbour", 7))
+        writer.maintain(CID)
+        query = "zanzibar ferry harbour"
+        before = _ranked(ks, query, "summary", 4)
+        assert before
+        writer.add_message(CID, recent("the lantern festival starts at dusk", 8))
+        writer.seal_current_topic(CID)
+        writer.add_message(CID, recent("something else", 9))
+        with counting(ks, ("_fts_lists", "_pg_lists", "_rows")) as calls:
+            after = _ranked(ks, query, "summary", 4)
+        assert calls == {"_fts_lists": 0, "_pg_lists": 0, "_rows": 0}
+        fs._recall = CandidateCache()
+        assert after == before == _ranked(fs, query, "summary", 4)
+
+
 def test_postgresql_small_conversations_rank_as_the_index_would(pg_url: str, monkeypatch: Any) -> None:
     """A small conversation's candidates come from one statement over all its messages (or
     summaries), not one planned per word: the same ranking either way."""

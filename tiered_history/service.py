@@ -252,6 +252,7 @@ class ReplyPath:
             cache_min=s.cache_min_tokens,
         )
         self._measured: dict[str, int] = {}
+        self._frame = counter.message_tokens({"role": "user", "content": ""})
         self.states = StateCache()
         self.contexts = ContextCache()
         self._rules: dict[tuple[str | None, int | None], BoundaryRules] = {}
@@ -879,7 +880,8 @@ class ReplyPath:
         recount = bool(state.encoding) and state.encoding != self.counter.encoding_name
         fix = self._recounted if recount else (lambda m: m)
         summ = self._recounted_summary if recount else (lambda x: x)
-        recent = [fix(m) for m in snap.windows[0]]
+        # A copy, counted again only when the tokenizer changed (the window is a few hundred rows).
+        recent = [fix(m) for m in snap.windows[0]] if recount else list(snap.windows[0])
         topics = [summ(t) for t in snap.summaries[0] if t.content]
         archives = sorted((summ(a) for a in snap.summaries[1] if a.content), key=lambda a: a.first_sequence)
         text = self._query_text(recent, query)
@@ -941,7 +943,9 @@ class ReplyPath:
         """Framed tokens of a user message with ``text`` (memoised: blocks repeat turn after turn)."""
         found = self._measured.get(text)
         if found is None:
-            found = self.counter.message_tokens({"role": "user", "content": text})
+            # A message's framing plus its content's count (``message_tokens`` adds them so), the
+            # content counted line by line: a note or block shares most lines with earlier ones.
+            found = self._frame + self.counter.count_lines(text)
             if len(self._measured) >= 512:
                 self._measured.pop(next(iter(self._measured)))
             self._measured[text] = found

@@ -326,6 +326,8 @@ class TokenCounter:
         self.file_tokens = file_tokens
         self._enc = get_encoding(self.encoding_name)
         self._short: dict[str, int] = {}
+        self._lines: dict[str, int] = {}
+        self._split_lines = self.encoding_name in _LINE_SPLIT_ENCODINGS
 
     def usable_budget(self, max_tokens: int) -> int:
         """What may be filled of ``max_tokens`` once the safety margin is set aside."""
@@ -343,6 +345,42 @@ class TokenCounter:
                 found = self._short[text] = len(self._enc.encode(text, disallowed_special=()))
             return found
         return len(self._enc.encode(text, disallowed_special=()))
+
+    def count_lines(self, text: str) -> int:
+        """``count(text)``, as the sum of the counts of its lines, each remembered: a block or a
+        recall note is measured whole on every read, and most of its lines (summaries) repeat.
+
+        Exact: tiktoken cuts a text into pieces by its encoding's pattern and merges tokens only
+        within a piece, and in every pattern of :data:`_LINE_SPLIT_ENCODINGS` a newline between
+        two non-space characters (a letter or digit, or ASCII punctuation but ``/``) ends a piece
+        and the next starts right after it: a letter or digit run, a digit group or a punctuation
+        run stops at it; the newline goes with the punctuation before it (``[\\r\\n]*``, which
+        ``/`` would extend in o200k) or is a piece of its own (``\\s*[\\r\\n]``, ``\\s``;
+        ``\\s++$`` and ``\\s+(?!\\S)`` at the end of a line counted alone give the same
+        piece). So the text is cut only there, and other encodings are counted whole."""
+        if not self._split_lines or len(text) <= _SHORT:
+            return self.count(text)
+        parts = text.split("\n")
+        if len(parts) == 1:
+            return self.count(text)
+        lines, start = [], 0
+        for k in range(len(parts) - 1):
+            before, after = parts[k], parts[k + 1]
+            if before and after:
+                a, b = before[-1], after[0]
+                if (a.isalnum() or a in _EDGE) and (b.isalnum() or b in _EDGE):
+                    lines.append("\n".join(parts[start : k + 1]) + "\n")
+                    start = k + 1
+        lines.append("\n".join(parts[start:]))
+        total, memo = 0, self._lines
+        for line in lines:
+            found = memo.get(line)
+            if found is None:
+                if len(memo) >= _LINES:
+                    memo.clear()
+                found = memo[line] = self.count(line)
+            total += found
+        return total
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode(text, disallowed_special=())
@@ -419,6 +457,16 @@ class TokenCounter:
 
 #: Texts up to this many characters have their counts remembered (see ``TokenCounter.count``).
 _SHORT = 16
+
+#: Encodings whose pattern (r50k/p50k, cl100k, o200k) ends a piece at a newline between two
+#: :data:`_EDGE` characters (see ``TokenCounter.count_lines``).
+_LINE_SPLIT_ENCODINGS = frozenset({"r50k_base", "p50k_base", "p50k_edit", "cl100k_base", "o200k_base"})
+#: Characters that are never whitespace in any pattern (ASCII punctuation; letters and digits are
+#: checked with ``str.isalnum``). ``/`` is left out: o200k keeps a newline and the slashes after it
+#: in one piece.
+_EDGE = frozenset("!\"#$%&'()*+,-.:;<=>?@[\\]^_`{|}~")
+#: Lines whose counts a counter remembers (a block or a recall note repeats most of its lines).
+_LINES = 2048
 
 
 @lru_cache(maxsize=8)

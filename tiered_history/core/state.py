@@ -224,6 +224,14 @@ def summaries_key(body: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(int(body.get(k, 0)) for k in SUMMARIES_KEY)
 
 
+def search_key(body: Mapping[str, Any]) -> tuple[int, ...]:
+    """:attr:`ConversationState.search_key` read from a state's parsed document."""
+    return (
+        int(body.get("epoch", 0)) - int(body.get("topics", 0)),
+        *(int(body.get(k, 0)) for k in ("archives", "summarized", "merged", "dropped", "compressions")),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ConversationState:
     """Everything a rule needs to know about one conversation, as of ``version``."""
@@ -323,6 +331,28 @@ class ConversationState:
             self.archives_dropped_upto,
             self.compressions,
             self.topic_start_seq,
+        )
+
+    @property
+    def search_key(self) -> tuple[int, ...]:
+        """What every change to the summary rows a search finds or returns moves (a summary written
+        or replaced in place, an archive made, a summarised topic reopened, a merge, a drop), but
+        not a seal: a sealed topic is pending (no text, not searchable) until it is summarised, so
+        recall's kept summary lists and rows outlive seals (about one reply in fifteen).
+
+        Every event moves the epoch by one, and a seal (of any kind) is the only one that also
+        moves the topic count, by one: ``epoch - topic_count`` moves at every event but a seal,
+        the in-place replacement of a provisional summary included (which moves nothing else),
+        and never goes back. Derived from fields every writer keeps, so a write by any process,
+        of any version, moves it. A fork or a restore starts at the pins of its open topic less its
+        topics (a conversation made by messages starts at 0)."""
+        return (
+            self.epoch - self.topic_count,
+            self.archive_count,
+            self.summarized_upto,
+            self.topics_merged_upto,
+            self.archives_dropped_upto,
+            self.compressions,
         )
 
     # -- persistence ---------------------------------------------------------------------------

@@ -13,8 +13,9 @@ of a read with recall on (8 ms of 9 at 100,000 messages on SQLite; 30-90 ms on P
   searched up to (``upto``); a later call asks the database only for matching rows after them
   and puts them in front (the newest ``cap`` of both are what a new search would find);
 * summaries change in place (a pending topic gets its summary, topics merge into archives),
-  so a word's list is valid only while the conversation's summary key is the same: the state
-  fields every such change moves (:attr:`~..core.state.ConversationState.summaries_key`).
+  so a word's list is valid only while the conversation's search key is the same: the state
+  fields every such change moves, a seal excepted (it adds a pending topic, which no search
+  finds): :attr:`~..core.state.ConversationState.search_key`.
 
 An entry is keyed by the conversation's row key and creation time (a conversation deleted and
 made again is another one), so what another process wrote is found by the same rules: the
@@ -162,7 +163,7 @@ class CandidateCache:
 
     def keep_row(self, conversation: str, i: int, row: Any) -> None:
         """Keep a row that cannot change while ``conversation`` names it: a message (which never
-        changes), or a summary under ``conversation`` extended by the summaries key."""
+        changes), or a summary under ``conversation`` extended by the search key."""
         self._rows.put(f"{conversation}\x1f{i}", row)
 
     @staticmethod
@@ -218,29 +219,35 @@ def rank(
         held.update(c.ids)
     if not held:
         return []
-    # Each candidate's length and recency as its first list has them (dict updates, in C).
-    lengths: dict[int, int] = {}
+    # Each candidate's recency as its first list has them (dict updates, in C).
     recency: dict[int, int] = {}
     for c in list(lists.values())[::-1]:
-        lengths.update(zip(c.ids, c.dl, strict=True))
         recency.update(zip(c.ids, c.rec, strict=True))
-    # Per candidate: BM25's length norm, and how often a word not counted yet may occur in it at
-    # most (the row's length less one for each other query group it holds).
-    norm: dict[int, float] = {}
-    room: dict[int, int] = {}
-    for i, dl in lengths.items():
+    # BM25's length norm of a row, by its length (a few dozen lengths among hundreds of rows); a
+    # row's length is the same in every list holding it (the index's count of an unchanged text).
+    norms: dict[int, float] = {}
+
+    def norm_of(dl: int) -> float:
         if dl < 1:
             dl = 1
-        norm[i] = K1 * (1.0 - B + B * dl / avg)
-        room[i] = dl - held[i] + 1
+        found = norms.get(dl)
+        if found is None:
+            found = norms[dl] = K1 * (1.0 - B + B * dl / avg)
+        return found
+
     k1p1 = K1 + 1.0
-    # Each candidate's score, or (its occurrences not all counted) a bound of it.
+    # Each candidate's score, or (its occurrences not all counted) a bound of it. How often a word
+    # not counted yet may occur in a row at most: its length less one for each other query group
+    # it holds.
     bound: dict[int, float] = {}
     uncounted: set[int] = set()
     for g, c in lists.items():
         cg, size = coef[g], len(g)
-        for i, tf in zip(c.ids, c.tf, strict=True):
-            most = room[i] // size
+        for i, dl, tf in zip(c.ids, c.dl, c.tf, strict=True):
+            nd = norms.get(dl)
+            if nd is None:
+                nd = norm_of(dl)
+            most = ((dl if dl > 1 else 1) - held[i] + 1) // size
             if most < 1:
                 most = 1
             if tf:
@@ -248,7 +255,7 @@ def rank(
             else:
                 uncounted.add(i)
                 t = most
-            bound[i] = bound.get(i, 0.0) + cg * t * k1p1 / (t + norm[i])
+            bound[i] = bound.get(i, 0.0) + cg * t * k1p1 / (t + nd)
     # Best bound first (sorted in C; the order of equal bounds changes nothing: every candidate
     # whose bound reaches the ``limit``-th score is visited, and ``best`` is sorted in full).
     order = sorted(bound, key=bound.__getitem__, reverse=True)
@@ -274,8 +281,9 @@ def rank(
                     tf_of = counted.get(i)
                     c.tf[j] = tf = max(tf_of(g), 1) if tf_of is not None else 1
                     # Bounded by the index's own length of the row (its word split may differ).
-                    t = min(tf, max(room[i] // size, 1))
-                    exact[i] += cg * t * k1p1 / (t + norm[i])
+                    dl = c.dl[j]
+                    t = min(tf, max(((dl if dl > 1 else 1) - held[i] + 1) // size, 1))
+                    exact[i] += cg * t * k1p1 / (t + norm_of(dl))
             best.extend((-score, -recency[i], -i) for i, score in exact.items())
             pending.clear()
         best.sort()

@@ -33,7 +33,7 @@ from ..core.state import (
     Outcome,
     SummaryUpdate,
     Writes,
-    summaries_key,
+    search_key,
 )
 from ..errors import StoreError
 from ..models import ConversationStats, StoredMessage, Summary
@@ -462,7 +462,7 @@ class _Search:
     last: int
     cap: int
     upto: Any
-    """What a list must cover: messages up to this sequence; summaries: this summaries key."""
+    """What a list must cover: messages up to this sequence; summaries: the search key."""
 
     @property
     def summary(self) -> bool:
@@ -884,7 +884,7 @@ class SQLStore:
             body,
             last,
             max(CANDIDATES_PER_WORD, limit),
-            summaries_key(body) if summary else last,
+            search_key(body) if summary else last,
         )
         weights = query.group_weights()
         lists, stale = self._lists(at, list(weights))
@@ -1080,7 +1080,7 @@ class SQLStore:
     def _hits(self, cur: Any, at: _Search, cid: str, best: list[tuple[float, int, int]]) -> list[Hit]:
         """The rows of the best candidates (score, id, recency), in their order. Rows kept from
         earlier searches are not read again: messages never change, summaries not while the
-        summaries key stays the same. A kept row must also sit where its candidate list says (its
+        search key stays the same. A kept row must also sit where its candidate list says (its
         recency: a message's sequence, a summary's last one): SQLite may give a deleted
         conversation's key and row ids to a restored one with the same creation time, whose rows
         are then other messages."""
