@@ -49,30 +49,30 @@ def test_a_mark_reads_back_with_its_seal_point_and_an_older_one_without() -> Non
 
 
 def _text(k: int) -> str:
-    return f"message {k} " + " ".join(f"w{k}x{j}" for j in range(40))
+    return f"message {k} " + " ".join(f"w{j}" for j in range(40))
 
 
 async def test_a_chat_read_every_turn_seals_where_the_window_stops_fitting() -> None:
-    """One long topic (no silence, no phrase) read after every message at 4,000 tokens: the window
-    is recorded with a seal point, the open topic is sealed there (before the size limit), and
-    the window never moves between two reads without an event."""
+    """One long topic (no silence, no phrase, no detector) read after every message at 4,000
+    tokens: the window is recorded with a seal point, the open topic is sealed there, well before
+    the size limit and never below min_topic_tokens, and the window never moves between two reads
+    without an event."""
     budget = 4000
-    async with HistoryCompressor.from_url(
-        "memory://", context_budget=budget, recall={"enabled": False}
-    ) as hc:
-        limit = hc.reply.rules(None, budget).size_limit
+    boundaries = {"cohesion": False, "min_topic_tokens": 120}
+    settings = {"context_budget": budget, "recall": {"enabled": False}, "boundaries": boundaries}
+    async with HistoryCompressor.from_url("memory://", **settings) as hc:
+        rules = hc.reply.rules(None, budget)
         starts: list[tuple[int, int]] = []
-        seals_below_limit = 0
+        sealed_at: list[int] = []
         for k in range(160):
             role = "user" if k % 2 == 0 else "assistant"
             before = hc.reply.read_state(CID)
-            await hc.add_message(
-                CID, {"role": role, "content": _text(k), "timestamp": T0 + timedelta(seconds=k)}
-            )
+            message = {"role": role, "content": _text(k), "timestamp": T0 + timedelta(seconds=k)}
+            await hc.add_message(CID, message)
             after = hc.reply.read_state(CID)
             assert after is not None
-            if before is not None and after.epoch != before.epoch and before.open.tokens < limit - 200:
-                seals_below_limit += 1
+            if before is not None and after.topic_start_seq != before.topic_start_seq:
+                sealed_at.append(before.open.tokens)
             ctx = await hc.get_context(CID, budget)
             assert ctx.total_tokens <= budget
             state = hc.reply.read_state(CID)
@@ -80,9 +80,28 @@ async def test_a_chat_read_every_turn_seals_where_the_window_stops_fitting() -> 
             starts.append((state.epoch, ctx.current_topic[0].sequence))
             if k % 10 == 9:
                 await hc.maintain(CID, now=T0 + timedelta(seconds=k))
-        assert seals_below_limit >= 2  # sealed where the window was full, well before the size limit
+        # Some seals come where the window was full, well before the size limit; none leaves a
+        # topic smaller than min_topic_tokens.
+        assert sum(n < rules.size_limit - 200 for n in sealed_at) >= 2, (sealed_at, rules.size_limit)
+        assert all(n >= rules.min_tokens for n in sealed_at), sealed_at
         for (e0, s0), (e1, s1) in itertools.pairwise(starts):
             assert s0 == s1 or e0 != e1, "the window moved between two reads without an event"
+
+
+async def test_a_window_kept_at_an_event_leaves_room_for_a_topic_of_the_least_size() -> None:
+    """With the seal point, a kept window needs only ``min_topic_tokens`` of room at an event (not
+    the size limit's growth): with none, an event while the window is full (a detector's or a
+    silence seal) would leave the next topic a message or two before its window seal, and a
+    summary (with an LLM, a call) for each. Below the cache layout the size limit's growth stays."""
+    least = {"min_topic_tokens": 120}  # the tests' default is 0 (conftest)
+    async with HistoryCompressor.from_url("memory://", context_budget=4000, boundaries=least) as hc:
+        await hc.add_message(CID, {"role": "user", "content": _text(0), "timestamp": T0})
+        state = hc.reply.read_state(CID)
+        assert state is not None
+        rules = hc.reply.rules(None, 4000)
+        assert hc.reply._growth(state, 4000) == rules.min_tokens == 120
+        small = hc.reply.rules(None, 1000)
+        assert hc.reply._growth(state, 1000) == small.size_limit - state.open.tokens
 
 
 async def test_below_the_cache_layout_no_seal_point_is_recorded() -> None:

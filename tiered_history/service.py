@@ -927,14 +927,17 @@ class ReplyPath:
 
     def _growth(self, state: ConversationState, max_tokens: int) -> int:
         """How much room a window kept at an event must leave for the open topic to grow before a
-        rule seals it (the next event). 0 when the size rule seals where the window stops
-        fitting (:meth:`_window_seals`): the window then stays while it fits at all. Otherwise the
-        size rule's limit less what the topic holds already (the limit this read records: judged
-        by an earlier read's budget, the window could be left no room at all and move on the next
-        message although nothing was sealed); with no size rule, a step of the window."""
-        if self._window_seals(state, max_tokens):
-            return 0
+        rule seals it (the next event). When the size rule seals where the window stops fitting
+        (:meth:`_window_seals`), only ``min_topic_tokens``: the window then stays while it fits
+        with that much room. Otherwise the size rule's limit less what the topic holds already
+        (the limit this read records: judged by an earlier read's budget, the window could be left
+        no room at all and move on the next message although nothing was sealed); with no size
+        rule, a step of the window."""
         rules = self.rules(state.platform, max_tokens)
+        if self._window_seals(state, max_tokens):
+            # Room for a topic of min_topic_tokens at least: else a window kept full at an event
+            # would seal a topic of a message or two at each (a summary each, with an LLM a call).
+            return rules.min_tokens
         if rules.size:
             return max(rules.size_limit - state.open.tokens, 0)
         return int(max_tokens * self.shares.anchor)
