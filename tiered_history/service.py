@@ -851,14 +851,14 @@ class ReplyPath:
         shown = tuple(x.id for x in ctx.bulk_archives + ctx.historical_topics)
         mark = state.window
         if start is not None:
-            mark = WindowMark(start, max_tokens, state.epoch, shown)
-            old = state.window
-            if old is not None and replace(old, seal_at=None) == mark:
-                mark = old  # between events its seal point stands (the window grew as the topic did)
-            elif self._window_seals(state, max_tokens):
-                # Where the window no longer fits: the room the context leaves (recall gives way).
-                room = max_tokens - ctx.total_tokens + ctx.tier_tokens.get("recall", 0)
-                mark = replace(mark, seal_at=state.open.tokens + max(room, 0))
+            chosen = WindowMark(start, max_tokens, state.epoch, shown)
+            # The same mark between events keeps its seal point (the window grew as the topic did).
+            if mark is None or replace(mark, seal_at=None) != chosen:
+                mark = chosen
+                if self._window_seals(self.rules(state.platform, max_tokens), max_tokens):
+                    # Where the window no longer fits: the room the context leaves (recall gives way).
+                    room = max_tokens - ctx.total_tokens + ctx.tier_tokens.get("recall", 0)
+                    mark = replace(chosen, seal_at=state.open.tokens + max(room, 0))
         if state.budget == max_tokens and mark == state.window:
             return True
         after = state.bumped(budget=max_tokens, window=mark)
@@ -919,11 +919,11 @@ class ReplyPath:
             measure=self._measure,
         )
 
-    def _window_seals(self, state: ConversationState, max_tokens: int) -> bool:
+    def _window_seals(self, rules: BoundaryRules, max_tokens: int) -> bool:
         """Whether the size rule seals the open topic where the window stops fitting (recorded with
         the window, :attr:`WindowMark.seal_at`): with the size rule on, at budgets laid out for the
         cache (below them the window reaches back as far as fits, so it would seal every message)."""
-        return max_tokens >= self.shares.cache_min and self.rules(state.platform, max_tokens).size
+        return rules.size and max_tokens >= self.shares.cache_min
 
     def _growth(self, state: ConversationState, max_tokens: int) -> int:
         """How much room a window kept at an event must leave for the open topic to grow before a
@@ -934,7 +934,7 @@ class ReplyPath:
         no room at all and move on the next message although nothing was sealed); with no size
         rule, a step of the window."""
         rules = self.rules(state.platform, max_tokens)
-        if self._window_seals(state, max_tokens):
+        if self._window_seals(rules, max_tokens):
             # Room for a topic of min_topic_tokens at least: else a window kept full at an event
             # would seal a topic of a message or two at each (a summary each, with an LLM a call).
             return rules.min_tokens
