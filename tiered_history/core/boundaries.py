@@ -259,7 +259,7 @@ def decide(
     persists :attr:`Decision.detector`.
     """
     if isinstance(incoming, Incoming):
-        return _decide(rules, topic, incoming)
+        return decide_live(rules, topic, incoming, None, dump=True)[0]
     if content is None or timestamp is None or tokens is None:
         raise TypeError("decide(rules, topic, role, content, timestamp, tokens) needs all six arguments")
     legacy = Incoming(incoming, content, timestamp, tokens, tool_call=False, pinned=False)
@@ -276,7 +276,7 @@ def decide(
         unseal=False,
         size_cut_at_shift=False,
     )
-    return _decide(plain, topic, legacy).reason
+    return decide_live(plain, topic, legacy, None, dump=True)[0].reason
 
 
 def decide_live(
@@ -292,16 +292,6 @@ def decide_live(
     ``topic.detector``, and with ``dump`` False it is not formatted to JSON (the decision's
     ``detector`` is then None): only the batch's last decision needs its text. Returns the decision
     and the detector's state after it (None when the rules track no content)."""
-    return _decide_live(rules, topic, incoming, detector, dump)
-
-
-def _decide(rules: BoundaryRules, topic: OpenTopic, incoming: Incoming) -> Decision:
-    return _decide_live(rules, topic, incoming, None, True)[0]
-
-
-def _decide_live(
-    rules: BoundaryRules, topic: OpenTopic, incoming: Incoming, live: CohesionState | None, dump: bool
-) -> tuple[Decision, CohesionState | None]:
     sequence = topic.start + topic.messages  # the incoming message's
     may_open = may_open_topic(topic, incoming)
     params, matcher = _compiled(rules)
@@ -310,7 +300,7 @@ def _decide_live(
     shift: int | None = None
     if rules.tracks_content:
         # What from_json returns for the text the previous decision dumped: that very object.
-        state = live if live is not None else CohesionState.from_json(topic.detector)
+        state = detector if detector is not None else CohesionState.from_json(topic.detector)
         _reconcile(state, rules, topic, incoming)
         seen = observe(
             state,
