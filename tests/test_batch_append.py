@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -111,6 +112,19 @@ def _conversation(seed: int, n: int) -> list[Incoming]:
     return out
 
 
+def _rules(**changes: Any) -> BoundaryRules:
+    """Every rule on (silence after 30 minutes, the default phrases), with ``changes``."""
+    return BoundaryRules(
+        explicit=True,
+        temporal=True,
+        size=True,
+        phrases=phrases_for(),
+        trigger_roles=("user",),
+        silence=timedelta(minutes=30),
+        **changes,
+    )
+
+
 def _per_message(
     state: ConversationState | None, messages: list[Incoming], rules: BoundaryRules, origin: Origin
 ) -> Writes:
@@ -160,14 +174,8 @@ def test_a_batch_writes_what_its_messages_write_one_by_one(
     unseal_after_cohesion: bool,
     detect_every: int,
 ) -> None:
-    rules = BoundaryRules(
-        explicit=True,
-        temporal=True,
-        size=True,
+    rules = _rules(
         cohesion=cohesion,
-        phrases=phrases_for(),
-        trigger_roles=("user",),
-        silence=timedelta(minutes=30),
         size_limit=size_limit,
         min_tokens=min_tokens,
         unseal_after_cohesion=unseal_after_cohesion,
@@ -206,13 +214,7 @@ def test_the_property_reaches_every_kind_of_seal() -> None:
     reasons: set[str] = set()
     unsealed = 0
     for seed in range(60):
-        rules = BoundaryRules(
-            explicit=True,
-            temporal=True,
-            size=True,
-            phrases=phrases_for(),
-            trigger_roles=("user",),
-            silence=timedelta(minutes=30),
+        rules = _rules(
             size_limit=600 if seed % 2 else 100_000,
             min_tokens=0,
             unseal_after_cohesion=seed % 3 == 0,

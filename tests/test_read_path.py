@@ -26,6 +26,7 @@ from tiered_history import SyncHistoryCompressor
 from tiered_history.core.ranking import parse_query
 from tiered_history.errors import TransientStoreError
 from tiered_history.store.sql import CANDIDATES_PER_WORD, SQLStore
+from tiered_history.testing import ScriptedSummarizer
 
 CID = "cache"
 T0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
@@ -351,22 +352,9 @@ def test_kept_summary_candidates_are_dropped_when_maintenance_changes_the_summar
 def test_a_summary_replaced_in_place_is_found_as_it_reads_now(sql_url: str) -> None:
     """A provisional summary that maintenance replaces (the same row, a new text) is found with
     its new text by a store that found, and kept, the old one."""
-    from tiered_history.summarizers.base import SummaryResult
-
-    class FailsOnce:
-        name = "fails-once"
-
-        def __init__(self) -> None:
-            self.calls = 0
-
-        async def summarize(self, messages: Any, target_tokens: int) -> SummaryResult:
-            self.calls += 1
-            if self.calls == 1:
-                raise RuntimeError("provider down")
-            return SummaryResult(text="zanzibar ferry timetable, as replaced", summarizer=self.name)
-
-        async def merge(self, pieces: Any, target_tokens: int) -> SummaryResult:
-            return SummaryResult(text="merged", summarizer=self.name)
+    # Fails the topic's first attempt (a provisional extract), then answers with the new text.
+    replaced = "zanzibar ferry timetable, as replaced"
+    fails_once = ScriptedSummarizer(summaries=[RuntimeError("provider down")], default=replaced)
 
     now = datetime.now(UTC)
 
@@ -376,7 +364,7 @@ def test_a_summary_replaced_in_place_is_found_as_it_reads_now(sql_url: str) -> N
     settings = {"retry_backoff_seconds": 1.0, "summary_max_attempts": 3, "boundaries": {"temporal": False}}
     with (
         SyncHistoryCompressor(sql_url, **settings) as reader,
-        SyncHistoryCompressor(sql_url, summarizer=FailsOnce(), **settings) as writer,
+        SyncHistoryCompressor(sql_url, summarizer=fails_once, **settings) as writer,
     ):
         store = reader.reply.store
         assert isinstance(store, SQLStore)

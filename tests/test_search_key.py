@@ -11,7 +11,7 @@ from typing import Any
 from tiered_history import SyncHistoryCompressor
 from tiered_history.core import transitions
 from tiered_history.core.state import ConversationState, Guard, search_key
-from tiered_history.summarizers.base import SummaryResult
+from tiered_history.testing import ScriptedSummarizer
 
 NOW = datetime.now(UTC)
 
@@ -21,22 +21,9 @@ def at(text: str, minutes: float, reply_to: int | None = None) -> dict[str, Any]
     return {"role": "user", "content": text, "timestamp": NOW + timedelta(minutes=minutes), "metadata": meta}
 
 
-class FailsFirst:
-    """Fails each topic's first attempt (its summary is a provisional extract), then summarises."""
-
-    name = "fails-first"
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def summarize(self, messages: Any, target_tokens: int) -> SummaryResult:
-        self.calls += 1
-        if self.calls == 1:
-            raise RuntimeError("provider down")
-        return SummaryResult(text=f"summary {self.calls}", summarizer=self.name)
-
-    async def merge(self, pieces: Any, target_tokens: int) -> SummaryResult:
-        return SummaryResult(text="merged", summarizer=self.name)
+def fails_first() -> ScriptedSummarizer:
+    """Fails the first attempt (that topic's summary is a provisional extract), then summarises."""
+    return ScriptedSummarizer(summaries=[RuntimeError("provider down")], name="fails-first")
 
 
 def test_the_search_key_moves_at_every_change_a_search_sees_and_not_at_a_seal() -> None:
@@ -45,7 +32,7 @@ def test_the_search_key_moves_at_every_change_a_search_sees_and_not_at_a_seal() 
         "retry_backoff_seconds": 1.0,
         "summary_max_attempts": 3,
     }
-    with SyncHistoryCompressor("memory://", summarizer=FailsFirst(), **settings) as h:
+    with SyncHistoryCompressor("memory://", summarizer=fails_first(), **settings) as h:
         store = h.reply.store
 
         def state() -> ConversationState:
