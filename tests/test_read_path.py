@@ -498,6 +498,52 @@ def test_postgresql_small_conversations_rank_as_the_index_would(pg_url: str, mon
         assert ranked() == small
 
 
+def test_sqlite_small_conversations_rank_as_the_index_would(tmp_path: Path, monkeypatch: Any) -> None:
+    """In a small SQLite conversation, the lists no search kept come from one read of its messages,
+    counted in Python, not one FTS5 query per word: the same ranking either way, for plain texts
+    and for texts FTS5 may split otherwise (which leave every list to FTS5), while it grows past
+    the size read that way."""
+    import random
+
+    import tiered_history.store.sql as sql_module
+    from tiered_history.store.recall import SMALL_SCAN, CandidateCache
+
+    rng = random.Random(13)
+    plain = ["ferry", "kite", "budget", "oven", "lantern", "pasta", "ferry’s", "kite—oven", "x_y"]
+    other = ["café", "Zürich", "İstanbul", "🙂kite"]
+    queries = ["ferry kite", "budget oven pasta", "lantern", "kite café", "x y ferry", "istanbul oven"]
+    scanned = 0
+    with SyncHistoryCompressor(f"sqlite:///{tmp_path / 'small.db'}") as h:
+        store = h.reply.store
+        assert isinstance(store, SQLStore)
+        made = store._fts_new_messages
+
+        def counting(cur: Any, at: Any, stale: Any) -> Any:
+            nonlocal scanned
+            fresh = made(cur, at, stale)
+            scanned += bool(fresh)
+            return fresh
+
+        monkeypatch.setattr(store, "_fts_new_messages", counting)
+        i = 0
+        while i < SMALL_SCAN + 10:
+            vocab = plain if i < 30 or rng.random() < 0.8 else plain + other
+            batch = []
+            for _ in range(rng.choice([1, 2, 5])):
+                i += 1
+                text = " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 9)))
+                batch.append(msg("user" if i % 2 else "assistant", text, i))
+            h.add_messages(CID, batch)
+            for q in queries:
+                store._recall = CandidateCache()
+                small = _ranked(store, q, "message", 6)
+                monkeypatch.setattr(sql_module, "SMALL_SCAN", 0)
+                store._recall = CandidateCache()
+                assert _ranked(store, q, "message", 6) == small, (i, q)
+                monkeypatch.setattr(sql_module, "SMALL_SCAN", SMALL_SCAN)
+    assert scanned, "no list was made by reading the messages: the path went untested"
+
+
 def test_kept_candidates_never_bring_another_conversations_rows(sql_url: str) -> None:
     """Whatever a kept list holds (here: forged to name another conversation's messages, as a
     list kept from a deleted conversation whose key and creation time came back could), a search

@@ -43,6 +43,9 @@ SMALL_CONVERSATION = 256
 #: SQLite: a kept message list at most this many messages behind is brought up to date by reading
 #: those messages (one statement for every word) rather than by an FTS5 query per word.
 RECENT_SCAN = 64
+#: SQLite: in a conversation of at most this many messages, the lists of words not kept are made
+#: by reading its messages (one statement for every word) rather than by an FTS5 query per word.
+SMALL_SCAN = 64
 #: Words (per conversation and kind) whose candidates a store keeps: about 2 KB each.
 CACHED_WORDS = 8192
 #: Rows found by searches (messages, summaries) that a store keeps: recall finds many again and again.

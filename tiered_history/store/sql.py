@@ -54,6 +54,7 @@ from .recall import (
     CANDIDATES_PER_WORD,
     RECENT_SCAN,
     SMALL_CONVERSATION,
+    SMALL_SCAN,
     CandidateCache,
     Candidates,
     Group,
@@ -963,15 +964,21 @@ class SQLStore:
         """SQLite: kept single-word message lists brought up to date from the messages written
         since (at most :data:`RECENT_SCAN`), read once and counted in Python, rather than one
         FTS5 query per word (about 70 us each at 100,000 messages, most of it FTS5's own cost
-        of a query, however few rows it finds). Taken out of ``stale``; the rest stays there.
+        of a query, however few rows it finds). In a conversation of at most :data:`SMALL_SCAN`
+        messages, lists not kept are made the same way, from all of them: a process serving many
+        conversations has most of their lists gone (or never made) at each reply. Taken out of
+        ``stale``; the rest stays there.
 
         Exact only where FTS5 and :func:`~..core.ranking.words` split a text alike: texts of
         ASCII and common punctuation (:func:`_plain`); any other text among the new ones leaves
         every list to FTS5."""
+        small = at.last <= SMALL_SCAN
         since = {
-            g: int(old.upto)
+            g: 0 if old is None else int(old.upto)
             for g, old in stale.items()
-            if old is not None and len(g) == 1 and g[0].isalnum() and at.last - int(old.upto) <= RECENT_SCAN
+            if len(g) == 1
+            and g[0].isalnum()
+            and (small if old is None else at.last - int(old.upto) <= RECENT_SCAN)
         }
         if not since:
             return {}
