@@ -499,10 +499,10 @@ def test_postgresql_small_conversations_rank_as_the_index_would(pg_url: str, mon
 
 
 def test_sqlite_small_conversations_rank_as_the_index_would(tmp_path: Path, monkeypatch: Any) -> None:
-    """In a small SQLite conversation, the lists no search kept come from one read of its messages,
-    counted in Python, not one FTS5 query per word: the same ranking either way, for plain texts
-    and for texts FTS5 may split otherwise (which leave every list to FTS5), while it grows past
-    the size read that way."""
+    """In a small SQLite conversation, the lists no search kept (messages and summaries) come from
+    one read of its rows, counted in Python, not one FTS5 query per word: the same ranking either
+    way, for plain texts and for texts FTS5 may split otherwise (which leave every list to
+    FTS5), while it grows past the size read that way."""
     import random
 
     import tiered_history.store.sql as sql_module
@@ -512,36 +512,56 @@ def test_sqlite_small_conversations_rank_as_the_index_would(tmp_path: Path, monk
     plain = ["ferry", "kite", "budget", "oven", "lantern", "pasta", "ferry’s", "kite—oven", "x_y"]
     other = ["café", "Zürich", "İstanbul", "🙂kite"]
     queries = ["ferry kite", "budget oven pasta", "lantern", "kite café", "x y ferry", "istanbul oven"]
-    scanned = 0
-    with SyncHistoryCompressor(f"sqlite:///{tmp_path / 'small.db'}") as h:
+    scanned = {"message": 0, "summary": 0}
+    # Silences of over a year seal (in the future: maintenance never seals the open topic too).
+    with SyncHistoryCompressor(f"sqlite:///{tmp_path / 'small.db'}", silence_minutes=525_600) as h:
         store = h.reply.store
         assert isinstance(store, SQLStore)
-        made = store._fts_new_messages
 
-        def counting(cur: Any, at: Any, stale: Any) -> Any:
-            nonlocal scanned
-            fresh = made(cur, at, stale)
-            scanned += bool(fresh)
-            return fresh
+        def counting(made: Any, kind: str) -> Any:
+            def run(cur: Any, at: Any, stale: Any) -> Any:
+                fresh = made(cur, at, stale)
+                scanned[kind] += bool(fresh)
+                return fresh
 
-        monkeypatch.setattr(store, "_fts_new_messages", counting)
-        i = 0
+            return run
+
+        monkeypatch.setattr(store, "_fts_new_messages", counting(store._fts_new_messages, "message"))
+        monkeypatch.setattr(store, "_fts_few_summaries", counting(store._fts_few_summaries, "summary"))
+        i, gap = 0, timedelta(0)
+
+        def at(role: str, text: str, **extra: Any) -> dict[str, Any]:
+            return {**msg(role, text, i), "timestamp": T0 + gap + timedelta(seconds=i), **extra}
+
         while i < SMALL_SCAN + 10:
             vocab = plain if i < 30 or rng.random() < 0.8 else plain + other
             batch = []
             for _ in range(rng.choice([1, 2, 5])):
                 i += 1
-                text = " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 9)))
-                batch.append(msg("user" if i % 2 else "assistant", text, i))
+                batch.append(
+                    at("user" if i % 2 else "assistant", " ".join(rng.sample(vocab, rng.randint(1, 6))))
+                )
             h.add_messages(CID, batch)
+            if rng.random() < 0.3:
+                # A silence seals the topic (a seal a reply into it undoes: its summary superseded).
+                gap += timedelta(days=400)
+                i += 1
+                h.add_message(CID, at("user", "lantern pasta budget"))
+                h.maintain(CID)
+                if rng.random() < 0.5:
+                    i += 1
+                    h.add_message(CID, at("user", "ferry kite", metadata={"reply_to": i - 2}))
             for q in queries:
-                store._recall = CandidateCache()
-                small = _ranked(store, q, "message", 6)
-                monkeypatch.setattr(sql_module, "SMALL_SCAN", 0)
-                store._recall = CandidateCache()
-                assert _ranked(store, q, "message", 6) == small, (i, q)
-                monkeypatch.setattr(sql_module, "SMALL_SCAN", SMALL_SCAN)
-    assert scanned, "no list was made by reading the messages: the path went untested"
+                for kind, limit in (("message", 6), ("summary", 3)):
+                    store._recall = CandidateCache()
+                    small = _ranked(store, q, kind, limit)
+                    monkeypatch.setattr(sql_module, "SMALL_SCAN", 0)
+                    store._recall = CandidateCache()
+                    assert _ranked(store, q, kind, limit) == small, (i, q, kind)
+                    monkeypatch.setattr(sql_module, "SMALL_SCAN", SMALL_SCAN)
+        statuses = {x.status for x in store.read_summaries(CID, "topic")}
+    assert all(scanned.values()), f"a path went untested: {scanned}"
+    assert "superseded" in statuses, "no summary was superseded: the live filter went untested"
 
 
 def test_kept_candidates_never_bring_another_conversations_rows(sql_url: str) -> None:

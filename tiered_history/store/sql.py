@@ -238,6 +238,13 @@ class Statements:
                 "ON d.id = m.id WHERE m.conv = :conv AND m.seq > :after AND m.seq <= :last "
                 "ORDER BY m.seq DESC"
             )
+            # A small conversation's summaries, all of them (newest first, as FTS5 finds them), with
+            # their length (FTS5's), text and whether they are live: counted in Python.
+            self.fts_few_summaries = (
+                "SELECT s.id, s.last_seq, d.sz, s.content, s.status NOT IN ('pending', 'superseded') "
+                "FROM summaries s JOIN summaries_fts_docsize d ON d.id = s.id WHERE s.conv = :conv "
+                "ORDER BY s.id DESC LIMIT :lim"
+            )
             self.fts_text_messages = (
                 "SELECT id, content FROM messages WHERE id IN (SELECT value FROM json_each(:ids)) "
                 "AND +conv = :conv"
@@ -935,7 +942,7 @@ class SQLStore:
         message a kept list covers), with their recency and length; words not counted yet."""
         q, summary = self.q, at.summary
         order = list(stale)  # the lists' order is the order scores are summed in: kept the same
-        fresh = {} if summary else self._fts_new_messages(cur, at, stale)
+        fresh = self._fts_few_summaries(cur, at, stale) if summary else self._fts_new_messages(cur, at, stale)
         if not stale:
             return {g: fresh[g] for g in order}
         after = 0
@@ -1001,6 +1008,30 @@ class SQLStore:
             fresh[g] = _extended(
                 stale.pop(g), candidates(at.cap, at.upto, found[: at.cap], len(found), after)
             )
+        return fresh
+
+    def _fts_few_summaries(
+        self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
+    ) -> dict[Group, Candidates]:
+        """SQLite: single-word summary lists of a conversation of at most :data:`SMALL_SCAN`
+        summaries, from one read of them all counted in Python (as :meth:`_fts_new_messages`
+        does for messages, with the same exactness guard), rather than one FTS5 query per word.
+        As FTS5 finds them: each word's newest ``cap`` matching rows count toward the cap, the
+        live ones are its candidates. Taken out of ``stale``; phrases stay there."""
+        words = [g for g in stale if len(g) == 1 and g[0].isalnum()]
+        if not words or int(at.body.get("topics", 0)) + int(at.body.get("archives", 0)) > SMALL_SCAN:
+            return {}
+        cur.execute(self.q.fts_few_summaries, {"conv": at.conv, "lim": SMALL_SCAN + 1})
+        rows = cur.fetchall()
+        if len(rows) > SMALL_SCAN or not all(_plain(r[3]) for r in rows):
+            return {}
+        scanned = [(int(r[0]), int(r[1]), _first_varint(r[2]), occurrences(r[3]), bool(r[4])) for r in rows]
+        fresh: dict[Group, Candidates] = {}
+        for g in words:
+            matched = [(i, rec, dl, n, live) for i, rec, dl, count, live in scanned if (n := count(g))]
+            matched = matched[: at.cap]
+            found = [(i, rec, dl, n) for i, rec, dl, n, live in matched if live]
+            fresh[g] = _extended(stale.pop(g), candidates(at.cap, at.upto, found, len(matched)))
         return fresh
 
     def _pg_lists(
