@@ -13,6 +13,7 @@ import json
 import os
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from ..core.ranking import Query, occurrences
+from ..core.ranking import Query, occurrences, words
 from ..core.state import (
     Committed,
     ConversationState,
@@ -995,14 +996,17 @@ class SQLStore:
             return {}
         # The newest message's id: where FTS5 would look after, next time (0: there is none).
         after = int(rows[0][0]) if rows and rows[0][1] == at.last else 0
-        new = [(r[0], r[1], _first_varint(r[2]), occurrences(r[3])) for r in rows]
+        # Each text split once (a plain text splits as FTS5 splits it): a search looks up many
+        # words in every row, which finding each on its own would cost more.
+        new = [(r[0], r[1], _first_varint(r[2]), Counter(words(r[3]))) for r in rows]
         fresh: dict[Group, Candidates] = {}
         for g, upto in since.items():
             found = []
-            for i, seq, dl, count in new:
+            word = g[0]
+            for i, seq, dl, tally in new:
                 if seq <= upto:
                     break
-                tf = count(g)
+                tf = tally.get(word, 0)
                 if tf:
                     found.append((i, seq, dl, tf))
             fresh[g] = _extended(
@@ -1018,17 +1022,21 @@ class SQLStore:
         does for messages, with the same exactness guard), rather than one FTS5 query per word.
         As FTS5 finds them: each word's newest ``cap`` matching rows count toward the cap, the
         live ones are its candidates. Taken out of ``stale``; phrases stay there."""
-        words = [g for g in stale if len(g) == 1 and g[0].isalnum()]
-        if not words or int(at.body.get("topics", 0)) + int(at.body.get("archives", 0)) > SMALL_SCAN:
+        wanted = [g for g in stale if len(g) == 1 and g[0].isalnum()]
+        if not wanted or int(at.body.get("topics", 0)) + int(at.body.get("archives", 0)) > SMALL_SCAN:
             return {}
         cur.execute(self.q.fts_few_summaries, {"conv": at.conv, "lim": SMALL_SCAN + 1})
         rows = cur.fetchall()
         if len(rows) > SMALL_SCAN or not all(_plain(r[3]) for r in rows):
             return {}
-        scanned = [(int(r[0]), int(r[1]), _first_varint(r[2]), occurrences(r[3]), bool(r[4])) for r in rows]
+        scanned = [
+            (int(r[0]), int(r[1]), _first_varint(r[2]), Counter(words(r[3])), bool(r[4])) for r in rows
+        ]
         fresh: dict[Group, Candidates] = {}
-        for g in words:
-            matched = [(i, rec, dl, n, live) for i, rec, dl, count, live in scanned if (n := count(g))]
+        for g in wanted:
+            matched = [
+                (i, rec, dl, n, live) for i, rec, dl, tally, live in scanned if (n := tally.get(g[0], 0))
+            ]
             matched = matched[: at.cap]
             found = [(i, rec, dl, n) for i, rec, dl, n, live in matched if live]
             fresh[g] = _extended(stale.pop(g), candidates(at.cap, at.upto, found, len(matched)))
