@@ -254,6 +254,44 @@ def test_kept_candidates_rank_what_a_fresh_search_ranks(sql_url: str) -> None:
                     assert ks.search(CID, q, limit, kind) == fs.search(CID, q, limit, kind), (step, kind)
 
 
+def test_kept_lists_brought_up_to_date_beside_other_conversations(sql_url: str, monkeypatch: Any) -> None:
+    """A kept list further behind than the new messages read directly is brought up to date by
+    the index, and finds what a fresh search finds and none of another conversation's rows:
+    when the other conversations wrote few messages since (SQLite then takes the conversation
+    from the join, not from the index) and when they wrote many."""
+    from tiered_history.store import sql as sql_module
+    from tiered_history.store.recall import RECENT_SCAN, CandidateCache
+
+    few_others = sql_module._few_others
+    taken: list[bool] = []
+
+    def recorded(*args: Any) -> bool:
+        taken.append(few_others(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(sql_module, "_few_others", recorded)
+    query = "ferry kite budget"
+    own = RECENT_SCAN + 6  # more than are read directly: the index brings the lists up to date
+    with _kept_writer_fresh(sql_url) as (ks, writer, fs):
+        writer.add_messages(CID, [msg("user", f"ferry kite {i}", i) for i in range(1, 40)])
+        _ranked(ks, query, "message", 8)  # the lists kept
+        i = j = 40
+        for others in (RECENT_SCAN // 4, 6 * RECENT_SCAN):
+            for k in range(max(own, others)):  # the two conversations' rows interleaved
+                if k < others:
+                    j += 1
+                    writer.add_message("other", msg("user", f"ferry kite budget budget other {j}", j))
+                if k < own:
+                    i += 1
+                    writer.add_message(CID, msg("assistant", f"kite budget oven {i}", i))
+            fs._recall = CandidateCache()
+            assert _ranked(ks, query, "message", 8) == _ranked(fs, query, "message", 8), others
+            hits = ks.search(CID, parse_query(query), 8)
+            assert hits and not any("other" in h.message.content for h in hits if h.message), others
+    if sql_url.startswith("sqlite"):
+        assert taken == [True] * 3 + [False] * 3, taken
+
+
 def test_kept_candidates_rank_what_a_fresh_search_ranks_in_any_script(sql_url: str) -> None:
     """The same with texts FTS5 and our word split may cut differently (letters beyond ASCII,
     private-use characters, words glued by punctuation) beside plain ones: SQLite brings kept
