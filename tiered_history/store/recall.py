@@ -219,43 +219,35 @@ def rank(
         held.update(c.ids)
     if not held:
         return []
-    # Each candidate's recency as its first list has them (dict updates, in C).
-    recency: dict[int, int] = {}
-    for c in list(lists.values())[::-1]:
-        recency.update(zip(c.ids, c.rec, strict=True))
     # BM25's length norm of a row, by its length (a few dozen lengths among hundreds of rows); a
     # row's length is the same in every list holding it (the index's count of an unchanged text).
-    norms: dict[int, float] = {}
-
-    def norm_of(dl: int) -> float:
-        if dl < 1:
-            dl = 1
-        found = norms.get(dl)
-        if found is None:
-            found = norms[dl] = K1 * (1.0 - B + B * dl / avg)
-        return found
-
+    norms = {dl: K1 * (1.0 - B + B * (dl if dl > 1 else 1) / avg) for dl in _lengths(lists)}
     k1p1 = K1 + 1.0
-    # Each candidate's score, or (its occurrences not all counted) a bound of it. How often a word
-    # not counted yet may occur in a row at most: its length less one for each other query group
-    # it holds.
+    # Each candidate's score, or (its occurrences not all counted) a bound of it, summed over its
+    # lists in their order, and its recency as the first of them has it. How often a word not
+    # counted yet may occur in a row at most: its length less one for each other query group it
+    # holds.
     bound: dict[int, float] = {}
+    recency: dict[int, int] = {}
     uncounted: set[int] = set()
     for g, c in lists.items():
-        cg, size = coef[g], len(g)
-        for i, dl, tf in zip(c.ids, c.dl, c.tf, strict=True):
-            nd = norms.get(dl)
-            if nd is None:
-                nd = norm_of(dl)
+        cg, size, get = coef[g], len(g), bound.get
+        for i, r, dl, tf in zip(c.ids, c.rec, c.dl, c.tf, strict=True):
             most = ((dl if dl > 1 else 1) - held[i] + 1) // size
             if most < 1:
                 most = 1
-            if tf:
-                t = tf if tf < most else most
-            else:
+            if not tf:
                 uncounted.add(i)
                 t = most
-            bound[i] = bound.get(i, 0.0) + cg * t * k1p1 / (t + nd)
+            elif tf < most:
+                t = tf
+            else:
+                t = most
+            before = get(i)
+            if before is None:
+                recency[i] = r
+                before = 0.0
+            bound[i] = before + cg * t * k1p1 / (t + norms[dl])
     # Best bound first (sorted in C; the order of equal bounds changes nothing: every candidate
     # whose bound reaches the ``limit``-th score is visited, and ``best`` is sorted in full).
     order = sorted(bound, key=bound.__getitem__, reverse=True)
@@ -283,7 +275,7 @@ def rank(
                     # Bounded by the index's own length of the row (its word split may differ).
                     dl = c.dl[j]
                     t = min(tf, max(((dl if dl > 1 else 1) - held[i] + 1) // size, 1))
-                    exact[i] += cg * t * k1p1 / (t + norm_of(dl))
+                    exact[i] += cg * t * k1p1 / (t + norms[dl])
             best.extend((-score, -recency[i], -i) for i, score in exact.items())
             pending.clear()
         best.sort()
@@ -306,3 +298,11 @@ def rank(
                 settle()
     settle()
     return [(-score, -i, -r) for score, r, i in best]
+
+
+def _lengths(lists: Mapping[Group, Candidates]) -> set[int]:
+    """Every row length among the lists."""
+    out: set[int] = set()
+    for c in lists.values():
+        out.update(c.dl)
+    return out
