@@ -500,6 +500,8 @@ class SQLStore:
         self._sqlite = self.caps.name == "sqlite"
         #: Each recent query word's newest matching rows per conversation (see :mod:`.recall`).
         self._recall = CandidateCache()
+        # The state document the last search parsed, with its text (see ``_search_body``).
+        self._searched: tuple[str, dict[str, Any]] | None = None
         #: SQLite: the row key of conversations written here (see ``_update_state``).
         self._keys: dict[str, int] = {}
         #: In-memory SQLite: one shared connection, so callers must take turns (one thread).
@@ -885,7 +887,7 @@ class SQLStore:
         giving the lengths; PostgreSQL: the tsvectors, giving lengths and counts); on SQLite the
         texts of only those candidates that could still be among the best ``limit`` are read to
         count the words."""
-        body = json.loads(row[9])
+        body = self._search_body(row[9])
         last = max(int(body["last"]), 1)
         summary = kind != "message"
         at = _Search(
@@ -918,6 +920,16 @@ class SQLStore:
         # PostgreSQL's lists come with every count.
         best = rank(lists, weights, n, avg, last, limit, count if self._sqlite else None)
         return self._hits(cur, at, cid, best)
+
+    def _search_body(self, text: str) -> dict[str, Any]:
+        """The state document of a search, parsed once for the searches of one state (a read
+        searches the messages, then the summaries, of the same version); only ever read."""
+        kept = self._searched
+        if kept is not None and kept[0] == text:
+            return kept[1]
+        body: dict[str, Any] = json.loads(text)
+        self._searched = (text, body)
+        return body
 
     def _lists(
         self, at: _Search, groups: Sequence[Group]
