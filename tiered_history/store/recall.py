@@ -277,14 +277,8 @@ class _Ranking:
         word not counted yet may occur in a row at most is its length less one for each other
         query group it holds. Summed over its lists in their order; its recency as the first of
         them has it."""
-        bounds, recency, uncounted, held, norms = (
-            self.bounds,
-            self.recency,
-            self.uncounted,
-            self.held,
-            self.norms,
-        )
-        get, k1p1 = bounds.get, K1 + 1.0
+        bounds, recency, uncounted = self.bounds, self.recency, self.uncounted
+        held, norms, get, k1p1 = self.held, self.norms, self.bounds.get, K1 + 1.0
         new: list[int] = []
         for g in among:
             c = self.lists[g]
