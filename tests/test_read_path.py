@@ -254,6 +254,44 @@ def test_kept_candidates_rank_what_a_fresh_search_ranks(sql_url: str) -> None:
                     assert ks.search(CID, q, limit, kind) == fs.search(CID, q, limit, kind), (step, kind)
 
 
+def test_kept_lists_brought_up_to_date_beside_other_conversations(sql_url: str, monkeypatch: Any) -> None:
+    """A kept list further behind than the new messages read directly is brought up to date by
+    the index, and finds what a fresh search finds and none of another conversation's rows:
+    when the other conversations wrote few messages since (SQLite then takes the conversation
+    from the join, not from the index) and when they wrote many."""
+    from tiered_history.store import sql as sql_module
+    from tiered_history.store.recall import RECENT_SCAN, CandidateCache
+
+    few_others = sql_module._few_others
+    taken: list[bool] = []
+
+    def recorded(*args: Any) -> bool:
+        taken.append(few_others(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(sql_module, "_few_others", recorded)
+    query = "ferry kite budget"
+    own = RECENT_SCAN + 6  # more than are read directly: the index brings the lists up to date
+    with _kept_writer_fresh(sql_url) as (ks, writer, fs):
+        writer.add_messages(CID, [msg("user", f"ferry kite {i}", i) for i in range(1, 40)])
+        _ranked(ks, query, "message", 8)  # the lists kept
+        i = j = 40
+        for others in (RECENT_SCAN // 4, 6 * RECENT_SCAN):
+            for k in range(max(own, others)):  # the two conversations' rows interleaved
+                if k < others:
+                    j += 1
+                    writer.add_message("other", msg("user", f"ferry kite budget budget other {j}", j))
+                if k < own:
+                    i += 1
+                    writer.add_message(CID, msg("assistant", f"kite budget oven {i}", i))
+            fs._recall = CandidateCache()
+            assert _ranked(ks, query, "message", 8) == _ranked(fs, query, "message", 8), others
+            hits = ks.search(CID, parse_query(query), 8)
+            assert hits and not any("other" in h.message.content for h in hits if h.message), others
+    if sql_url.startswith("sqlite"):
+        assert taken == [True] * 3 + [False] * 3, taken
+
+
 def test_kept_candidates_rank_what_a_fresh_search_ranks_in_any_script(sql_url: str) -> None:
     """The same with texts FTS5 and our word split may cut differently (letters beyond ASCII,
     private-use characters, words glued by punctuation) beside plain ones: SQLite brings kept
@@ -794,3 +832,80 @@ def _property(kind: str, examples: int) -> Callable[..., None]:
 
 test_kept_candidates_property_sqlite = _property("sqlite", 25)
 test_kept_candidates_property_postgresql = _property("postgresql", 6)
+
+
+def _every_score(
+    lists: dict[tuple[str, ...], Any], weights: dict[tuple[str, ...], float], n: int, avg: float, last: int
+) -> dict[int, tuple[float, int]]:
+    """Each candidate's exact score (every occurrence counted) and recency: what rank must agree
+    with, summed the same way."""
+    from tiered_history.core.ranking import K1, B, idf
+
+    held: dict[int, int] = {}
+    for c in lists.values():
+        for i in c.ids:
+            held[i] = held.get(i, 0) + 1
+    out: dict[int, tuple[float, int]] = {}
+    for g, c in lists.items():
+        df = c.cap * last / max(last - min(c.rec) + 1, 1) if c.capped and c.rec else len(c.ids)
+        cg = weights[g] * idf(n, min(round(df), n))
+        for i, r, dl, tf in zip(c.ids, c.rec, c.dl, c.tf, strict=True):
+            t = min(tf, max((max(dl, 1) - held[i] + 1) // len(g), 1))
+            score, rec = out.get(i, (0.0, r))
+            out[i] = (score + cg * t * (K1 + 1.0) / (t + K1 * (1.0 - B + B * max(dl, 1) / avg)), rec)
+    return out
+
+
+_ROW = st.tuples(st.integers(1, 300), st.integers(0, 3))  # (id, a seed of its counts)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+@given(
+    words=st.lists(
+        st.tuples(st.lists(_ROW, max_size=70), st.sampled_from([1.0, 0.35, 2.0]), st.booleans()),
+        min_size=1,
+        max_size=7,
+    ),
+    limit=st.integers(1, 40),
+    last=st.integers(300, 5000),
+    counted=st.floats(0.0, 1.0),
+)
+def test_rank_is_the_best_of_every_candidate_scored(
+    words: list[tuple[list[tuple[int, int]], float, bool]], limit: int, last: int, counted: float
+) -> None:
+    """rank (bounds, texts counted only where they may matter, lists of light words left once the
+    heavier ones have found the best) returns exactly the best ``limit`` of every candidate
+    scored in full, newest first among equal scores, whatever is counted already."""
+    import random
+
+    from tiered_history.store.recall import candidates, rank
+
+    rng = random.Random(len(words) * 1000 + limit)
+    lengths = {i: 1 + i % 9 + (i * 7) % 23 for i in range(1, 301)}  # a row's length, in every list
+    lists: dict[tuple[str, ...], Any] = {}
+    weights: dict[tuple[str, ...], float] = {}
+    full: dict[tuple[str, ...], Any] = {}
+    for k, (rows, weight, capped) in enumerate(words):
+        g = (f"w{k}",) if k % 3 else (f"w{k}", "x")  # a phrase now and then
+        ids = sorted(dict.fromkeys(i for i, _ in rows), reverse=True)[:64]
+        seeds = dict(rows)
+        made = [(i, i, lengths[i], 1 + (seeds[i] * i) % max(lengths[i] // len(g), 1)) for i in ids]
+        full[g] = candidates(64, last, made, 64 if capped else len(made))
+        known = [(i, r, dl, tf if rng.random() < counted else 0) for i, r, dl, tf in made]
+        lists[g] = candidates(64, last, known, 64 if capped else len(known))
+        weights[g] = weight
+    n, avg = last, 9.5
+    scores = _every_score(full, weights, n, avg, last)
+    want = sorted(((-s, -r, -i) for i, (s, r) in scores.items()))[:limit]
+    counts = {
+        i: {g: full[g].tf[j] for g in full for j, x in enumerate(full[g].ids) if x == i} for i in scores
+    }
+    texts: list[int] = []
+
+    def count(batch: list[int]) -> dict[int, Callable[[tuple[str, ...]], int]]:
+        texts.extend(batch)
+        return {i: counts[i].__getitem__ for i in batch}
+
+    got = rank(lists, weights, n, avg, last, limit, count)
+    assert got == [(-s, -i, -r) for s, r, i in want]
+    assert len(texts) == len(set(texts))  # a text is counted once at most

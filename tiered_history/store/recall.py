@@ -211,7 +211,13 @@ def rank(
 
     Occurrences not counted yet are bounded by the row's length: candidates are visited by their
     bound, and only those that could still be among the best ``limit`` have their text counted
-    (``count``), which fills the lists for the next call."""
+    (``count``), which fills the lists for the next call.
+
+    First the rows held by several query groups and the rows of the heaviest group's list; then,
+    lightest group last, the rows of each other list alone, while its group could still add up
+    to the ``limit``-th score found so far (a group adds less than its weight times ``K1 + 1``
+    to a row, whatever its count): most lists are of words too common to matter once the rarer
+    ones have found their rows, and their rows are then neither bounded, sorted nor counted."""
     coef: dict[Group, float] = {}
     held: Counter[int] = Counter()  # per candidate: how many of the query groups it holds
     for g, c in lists.items():
@@ -222,61 +228,114 @@ def rank(
         held.update(c.ids)
     if not held:
         return []
-    # Each candidate's recency as its first list has them (dict updates, in C).
-    recency: dict[int, int] = {}
-    for c in list(lists.values())[::-1]:
-        recency.update(zip(c.ids, c.rec, strict=True))
-    # BM25's length norm of a row, by its length (a few dozen lengths among hundreds of rows); a
-    # row's length is the same in every list holding it (the index's count of an unchanged text).
-    norms: dict[int, float] = {}
+    r = _Ranking(lists, coef, held, avg, limit, count)
+    if limit < 1 or any(w <= 0.0 for w in coef.values()):  # no bound to stop at: all of them
+        r.visit(r.bound(None, list(lists)))
+        return r.result()
+    by_weight = sorted(coef, key=coef.__getitem__, reverse=True)
+    first = {i for i, k in held.items() if k > 1}
+    first.update(lists[by_weight[0]].ids)
+    r.visit(r.bound(first, list(lists)))
+    for g in by_weight[1:]:
+        if coef[g] * (K1 + 1.0) * (1.0 + _SLACK) < r.kth:
+            break  # this group's rows alone, and the lighter groups', score under the best ``limit``
+        r.visit(r.bound({i for i in lists[g].ids if i not in r.bounds}, [g]))
+    return r.result()
 
-    def norm_of(dl: int) -> float:
-        if dl < 1:
-            dl = 1
-        found = norms.get(dl)
-        if found is None:
-            found = norms[dl] = K1 * (1.0 - B + B * dl / avg)
-        return found
 
-    k1p1 = K1 + 1.0
-    # Each candidate's score, or (its occurrences not all counted) a bound of it. How often a word
-    # not counted yet may occur in a row at most: its length less one for each other query group
-    # it holds.
-    bound: dict[int, float] = {}
-    uncounted: set[int] = set()
-    for g, c in lists.items():
-        cg, size = coef[g], len(g)
-        for i, dl, tf in zip(c.ids, c.dl, c.tf, strict=True):
-            nd = norms.get(dl)
-            if nd is None:
-                nd = norm_of(dl)
-            most = ((dl if dl > 1 else 1) - held[i] + 1) // size
-            if most < 1:
-                most = 1
-            if tf:
-                t = tf if tf < most else most
+#: Rounding allowance of a bound of what a group adds (relative): far above a few roundings' error.
+_SLACK = 1e-9
+
+
+class _Ranking:
+    """The state of one :func:`rank`: bounds and scores of the candidates visited so far."""
+
+    def __init__(
+        self,
+        lists: Mapping[Group, Candidates],
+        coef: Mapping[Group, float],
+        held: Mapping[int, int],
+        avg: float,
+        limit: int,
+        count: CountTexts | None,
+    ) -> None:
+        self.lists, self.coef, self.held, self.limit, self.count = lists, coef, held, limit, count
+        # BM25's length norm of a row, by its length (a few dozen lengths among hundreds of rows);
+        # a row's length is the same in every list holding it (the index's count of its text).
+        self.norms = {dl: K1 * (1.0 - B + B * (dl if dl > 1 else 1) / avg) for dl in _lengths(lists)}
+        self.bounds: dict[int, float] = {}
+        self.recency: dict[int, int] = {}
+        self.uncounted: set[int] = set()
+        # The best so far as (-score, -recency, -id): sorted as plain tuples, best and newest first.
+        self.best: list[tuple[float, int, int]] = []
+        self.pending: list[int] = []
+        self.kth = float("-inf")
+        self.step = max(limit // 2, 8)  # texts counted a few at a time: each costs
+
+    def bound(self, wanted: set[int] | None, among: list[Group]) -> list[int]:
+        """Bound the candidates in ``wanted`` (``None``: all) not bounded yet, from the lists
+        ``among`` (every list holding them, in order); they are returned.
+
+        A candidate's bound is its score when its occurrences are all counted; else how often a
+        word not counted yet may occur in a row at most is its length less one for each other
+        query group it holds. Summed over its lists in their order; its recency as the first of
+        them has it."""
+        bounds, recency, uncounted = self.bounds, self.recency, self.uncounted
+        held, norms, get, k1p1 = self.held, self.norms, self.bounds.get, K1 + 1.0
+        new: list[int] = []
+        for g in among:
+            c = self.lists[g]
+            cg, size = self.coef[g], len(g)
+            for i, r, dl, tf in zip(c.ids, c.rec, c.dl, c.tf, strict=True):
+                if wanted is not None and i not in wanted:
+                    continue
+                most = ((dl if dl > 1 else 1) - held[i] + 1) // size
+                if most < 1:
+                    most = 1
+                if not tf:
+                    uncounted.add(i)
+                    t = most
+                elif tf < most:
+                    t = tf
+                else:
+                    t = most
+                before = get(i)
+                if before is None:
+                    recency[i] = r
+                    new.append(i)
+                    before = 0.0
+                bounds[i] = before + cg * t * k1p1 / (t + norms[dl])
+        return new
+
+    def visit(self, ids: list[int]) -> None:
+        """Visit ``ids`` by bound, best first: a counted candidate's bound is its score, so once
+        ``limit`` scores are in hand, those with bounds under the ``limit``-th are left. (Sorted
+        in C; the order of equal bounds changes nothing: every candidate whose bound reaches the
+        ``limit``-th score is visited, and ``best`` is sorted in full.)"""
+        bounds, best, pending, limit = self.bounds, self.best, self.pending, self.limit
+        for i in sorted(ids, key=bounds.__getitem__, reverse=True):
+            if bounds[i] < self.kth:
+                break
+            if i in self.uncounted:
+                pending.append(i)
+                if len(pending) >= self.step:
+                    self.settle()
             else:
-                uncounted.add(i)
-                t = most
-            bound[i] = bound.get(i, 0.0) + cg * t * k1p1 / (t + nd)
-    # Best bound first (sorted in C; the order of equal bounds changes nothing: every candidate
-    # whose bound reaches the ``limit``-th score is visited, and ``best`` is sorted in full).
-    order = sorted(bound, key=bound.__getitem__, reverse=True)
-    # The best so far as (-score, -recency, -id): sorted as plain tuples, best and newest first.
-    best: list[tuple[float, int, int]] = []
-    pending: list[int] = []
-    kth, step = float("-inf"), max(limit // 2, 8)  # texts counted a few at a time: each costs
+                best.append((-bounds[i], -self.recency[i], -i))
+                if len(best) >= 2 * limit:
+                    self.settle()
+        self.settle()
 
-    def settle() -> None:
+    def settle(self) -> None:
         """Count the pending candidates' texts, keep the best ``limit``, raise the bar."""
-        nonlocal kth
+        pending, best, held, k1p1 = self.pending, self.best, self.held, K1 + 1.0
         if pending:
-            if count is None:
+            if self.count is None:
                 raise ValueError("occurrences left uncounted and nothing to count them with")
-            counted = count(pending)
+            counted = self.count(pending)
             exact = dict.fromkeys(pending, 0.0)
-            for g, c in lists.items():
-                cg, size, at = coef[g], len(g), c.positions()
+            for g, c in self.lists.items():
+                cg, size, at = self.coef[g], len(g), c.positions()
                 for i in pending:
                     j = at.get(i)
                     if j is None:
@@ -286,26 +345,21 @@ def rank(
                     # Bounded by the index's own length of the row (its word split may differ).
                     dl = c.dl[j]
                     t = min(tf, max(((dl if dl > 1 else 1) - held[i] + 1) // size, 1))
-                    exact[i] += cg * t * k1p1 / (t + norm_of(dl))
-            best.extend((-score, -recency[i], -i) for i, score in exact.items())
+                    exact[i] += cg * t * k1p1 / (t + self.norms[dl])
+            best.extend((-score, -self.recency[i], -i) for i, score in exact.items())
             pending.clear()
         best.sort()
-        del best[limit:]
-        if len(best) >= limit:
-            kth = -best[-1][0]
+        del best[self.limit :]
+        if len(best) >= self.limit:
+            self.kth = -best[-1][0]
 
-    # Visited by bound, best first: a counted candidate's bound is its score, so once ``limit``
-    # scores are in hand, the rest of the candidates (bounds under the ``limit``-th) are left.
-    for i in order:
-        if bound[i] < kth:
-            break
-        if i in uncounted:
-            pending.append(i)
-            if len(pending) >= step:
-                settle()
-        else:
-            best.append((-bound[i], -recency[i], -i))
-            if len(best) >= 2 * limit:
-                settle()
-    settle()
-    return [(-score, -i, -r) for score, r, i in best]
+    def result(self) -> list[tuple[float, int, int]]:
+        return [(-score, -i, -r) for score, r, i in self.best]
+
+
+def _lengths(lists: Mapping[Group, Candidates]) -> set[int]:
+    """Every row length among the lists."""
+    out: set[int] = set()
+    for c in lists.values():
+        out.update(c.dl)
+    return out

@@ -231,7 +231,18 @@ class Statements:
             )
             # A word's matches among the messages written since a list of them was kept.
             self.fts_messages_after = newest.format("messages", "seq", "", " AND messages_fts.rowid > :after")
+            # The same over few rows, most of them the conversation's own: the conversation taken by
+            # the join rather than by FTS5's conv column, whose list of every row of the
+            # conversation costs about half of such a query (the rows after :after of other
+            # conversations are read and left, so this is for when they are few: ``_few_others``).
+            self.fts_messages_after_few = (
+                "SELECT messages_fts.rowid, x.seq, d.sz FROM messages_fts JOIN messages x "
+                "ON x.id = messages_fts.rowid JOIN messages_fts_docsize d ON d.id = messages_fts.rowid "
+                "WHERE messages_fts MATCH :q AND messages_fts.rowid > :after AND +x.conv = :conv "
+                "ORDER BY messages_fts.rowid DESC LIMIT :lim"
+            )
             self.message_id_at = "SELECT id FROM messages WHERE conv = :conv AND seq = :seq"
+            self.newest_message_id = "SELECT max(id) FROM messages"
             # The messages written since kept lists were made (a few), newest first, with their
             # length (FTS5's) and text: what each word's list lacks, counted in Python.
             self.fts_new_messages = (
@@ -498,6 +509,8 @@ class SQLStore:
         self._sqlite = self.caps.name == "sqlite"
         #: Each recent query word's newest matching rows per conversation (see :mod:`.recall`).
         self._recall = CandidateCache()
+        # The state document the last search parsed, with its text (see ``_search_body``).
+        self._searched: tuple[str, dict[str, Any]] | None = None
         #: SQLite: the row key of conversations written here (see ``_update_state``).
         self._keys: dict[str, int] = {}
         #: In-memory SQLite: one shared connection, so callers must take turns (one thread).
@@ -883,7 +896,7 @@ class SQLStore:
         giving the lengths; PostgreSQL: the tsvectors, giving lengths and counts); on SQLite the
         texts of only those candidates that could still be among the best ``limit`` are read to
         count the words."""
-        body = json.loads(row[9])
+        body = self._search_body(row[9])
         last = max(int(body["last"]), 1)
         summary = kind != "message"
         at = _Search(
@@ -916,6 +929,16 @@ class SQLStore:
         # PostgreSQL's lists come with every count.
         best = rank(lists, weights, n, avg, last, limit, count if self._sqlite else None)
         return self._hits(cur, at, cid, best)
+
+    def _search_body(self, text: str) -> dict[str, Any]:
+        """The state document of a search, parsed once for the searches of one state (a read
+        searches the messages, then the summaries, of the same version); only ever read."""
+        kept = self._searched
+        if kept is not None and kept[0] == text:
+            return kept[1]
+        body: dict[str, Any] = json.loads(text)
+        self._searched = (text, body)
+        return body
 
     def _lists(
         self, at: _Search, groups: Sequence[Group]
@@ -951,13 +974,19 @@ class SQLStore:
             cur.execute(q.message_id_at, {"conv": at.conv, "seq": at.last})
             found_id = cur.fetchone()
             after = int(found_id[0]) if found_id else 0
+        # The newest message id of all, when a kept list is to be brought up to date.
+        top = self._newest_id(cur) if any(old is not None and old.after for old in stale.values()) else 0
         for g, old in stale.items():
             # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
-            match = f'conv : "{at.conv}" AND content : "{" ".join(g)}"'
+            words = f'content : "{" ".join(g)}"'
+            match = f'conv : "{at.conv}" AND {words}'
             if summary:
                 cur.execute(q.fts_summaries, {"q": match, "lim": at.cap})
             elif old is None or not old.after:
                 cur.execute(q.fts_messages, {"q": match, "lim": at.cap})
+            elif _few_others(at, old, top):
+                params = {"q": words, "lim": at.cap, "after": old.after, "conv": at.conv}
+                cur.execute(q.fts_messages_after_few, params)
             else:
                 cur.execute(q.fts_messages_after, {"q": match, "lim": at.cap, "after": old.after})
             rows = cur.fetchall()
@@ -965,6 +994,11 @@ class SQLStore:
             found = [(r[0], r[1], _first_varint(r[2]), 0) for r in rows if not summary or r[3]]
             fresh[g] = _extended(old, candidates(at.cap, at.upto, found, len(rows), after))
         return {g: fresh[g] for g in order}
+
+    def _newest_id(self, cur: Any) -> int:
+        cur.execute(self.q.newest_message_id)
+        found = cur.fetchone()
+        return int(found[0]) if found and found[0] is not None else 0
 
     def _fts_new_messages(
         self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
@@ -1555,6 +1589,15 @@ def _plain(text: str) -> bool:
     if text.isascii():
         return "\x00" not in text
     return _PLAIN.fullmatch(text) is not None
+
+
+def _few_others(at: _Search, old: Candidates, top: int) -> bool:
+    """Whether the messages after a kept list's newest (id ``old.after``) are mostly the
+    conversation's own: at most as many of other conversations as of its own, and
+    :data:`RECENT_SCAN` more (``top``: the newest message id of all; there are no more such rows
+    than ids between)."""
+    own = at.last - int(old.upto)
+    return top - old.after <= 2 * own + RECENT_SCAN
 
 
 def _extended(old: Candidates | None, new: Candidates) -> Candidates:
