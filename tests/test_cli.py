@@ -92,7 +92,7 @@ def all_commands() -> Iterator[tuple[str, Any]]:
 def test_command_list_is_complete() -> None:
     names = {path for path, _ in all_commands()}
     expected = {"demo", "import", "add", "context", "history", "seal", "stats", "maintain", "search"}
-    assert names >= expected | {"worker", "db", "db upgrade", "db current"}
+    assert names >= expected | {"worker", "db", "db upgrade", "db current", "db optimize"}
 
 
 @pytest.mark.parametrize("path", [p for p, _ in all_commands()])
@@ -258,6 +258,28 @@ def test_db_upgrade_and_current(db: str) -> None:
     after = as_json(db, "db", "current")
     assert after == {"database_url": db, "current": head_revision(), "head": head_revision(), "at_head": True}
     assert "(head)" in ok(db, "db", "current").stdout
+
+
+def test_db_optimize_merges_the_full_text_segments_and_changes_nothing_found(db: str) -> None:
+    import sqlite3
+
+    assert "nothing" in ok("memory://", "db", "optimize").stdout
+    assert_one_line_error(run(db, "db", "optimize"), 1, "db upgrade")  # no schema: nothing made
+    for i in range(30):  # a transaction each: FTS5 adds a segment per transaction
+        ok(db, "add", "c", "--content", f"harbour trip number {i} with the ferry")
+    path = db.removeprefix("sqlite:///")
+
+    def segments() -> int:
+        with sqlite3.connect(path) as c:
+            return int(c.execute("SELECT count(DISTINCT segid) FROM messages_fts_idx").fetchone()[0])
+
+    found = as_json(db, "search", "c", "ferry harbour")
+    assert segments() > 1
+    report = as_json(db, "db", "optimize")
+    assert report["steps"][:2] == ["messages_fts: optimize", "summaries_fts: optimize"]
+    assert segments() == 1
+    assert as_json(db, "search", "c", "ferry harbour") == found
+    assert "Optimized" in ok(db, "db", "optimize").stdout
 
 
 def test_add_context_history_seal_maintain_search(db: str) -> None:

@@ -754,3 +754,32 @@ def test_autogenerate_finds_no_difference_after_upgrading_a_0_1_0_database(backe
     insert_v1(backend_url, build_v1(HistoryCompressor("memory://")))
     at_revision(backend_url, "head")
     assert autogenerate_diff(backend_url) == []
+
+
+def test_optimize_compacts_the_search_indexes_and_changes_nothing_found(backend_url: str) -> None:
+    """``tiered-history db optimize``: each backend's steps run; what a search finds and the rows
+    stored are the same afterwards; a database without the schema is refused, not made."""
+    from tiered_history import SyncHistoryCompressor
+    from tiered_history.database import optimize_database
+    from tiered_history.errors import SchemaError
+
+    with pytest.raises(SchemaError, match="db upgrade"):
+        optimize_database(backend_url)
+    with SyncHistoryCompressor(backend_url) as h:
+        for i in range(40):
+            h.add_message("c", {"role": "user", "content": f"the ferry to the harbour, trip {i}"})
+            if i % 10 == 9:
+                h.seal_current_topic("c")
+        h.maintain("c")
+        before = [h.search("c", q) for q in ("ferry", "harbour trip 7", "trip")]
+        rows = h.get_messages("c")
+    steps = optimize_database(backend_url)
+    expected = (
+        ["messages_fts: optimize", "summaries_fts: optimize", "PRAGMA optimize"]
+        if backend_url.startswith("sqlite")
+        else ["messages: VACUUM (ANALYZE)", "summaries: VACUUM (ANALYZE)"]
+    )
+    assert steps == expected
+    with SyncHistoryCompressor(backend_url) as h:
+        assert [h.search("c", q) for q in ("ferry", "harbour trip 7", "trip")] == before
+        assert h.get_messages("c") == rows

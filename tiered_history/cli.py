@@ -48,7 +48,7 @@ from . import (
     TieredHistoryError,
 )
 from .core.budget import MIN_MAX_TOKENS
-from .database import mask_url, schema_revision, upgrade_schema
+from .database import mask_url, optimize_database, schema_revision, upgrade_schema
 from .errors import TranscriptError
 from .exchange import is_export, read_export
 from .transcripts import IMPORT_KEY as IMPORT_KEY  # re-exported: the CLI documents this key
@@ -127,7 +127,9 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 db_app = typer.Typer(
-    help="Database schema migrations (Alembic).", no_args_is_help=True, rich_markup_mode="markdown"
+    help="Database schema migrations (Alembic) and index upkeep.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
 )
 app.add_typer(db_app, name="db")
 
@@ -1260,6 +1262,23 @@ def db_current(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         out.print(f"{_mask(url)}: revision {current}, head is {head}; run 'tiered-history db upgrade'.")
     if not at_head:
         raise typer.Exit(1)  # scripts check the exit code: only a schema at head is "ok"
+
+
+@db_app.command("optimize")
+def db_optimize(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Compact the full-text indexes and refresh statistics (SQLite: FTS5 optimize, which holds
+    the write lock while it runs; PostgreSQL: VACUUM ANALYZE). For a quiet hour."""
+    url = _opts(ctx).url(_opts(ctx).settings())
+    if url.startswith("memory://"):
+        out.print("memory:// keeps no database; nothing to optimize.")
+        return
+    started = time.perf_counter()
+    steps = optimize_database(url)
+    seconds = round(time.perf_counter() - started, 3)
+    if as_json:
+        _print_json({"database_url": _mask(url), "steps": steps, "seconds": seconds})
+    else:
+        out.print(f"Optimized {_mask(url)} in {seconds} s: {'; '.join(steps)}.")
 
 
 def _migrate(url: str, upgrade: bool) -> tuple[str | None, str | None, str]:

@@ -5,10 +5,10 @@ The library migrates on first use; these functions are for operators (``tiered-h
 
 from __future__ import annotations
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, SchemaError
 from .store.dialect import mask_url
 
-__all__ = ["mask_url", "schema_revision", "upgrade_schema"]
+__all__ = ["mask_url", "optimize_database", "schema_revision", "upgrade_schema"]
 
 
 def schema_revision(url: str) -> tuple[str | None, str]:
@@ -20,6 +20,29 @@ def schema_revision(url: str) -> tuple[str | None, str]:
 def upgrade_schema(url: str) -> tuple[str | None, str | None, str]:
     """Create or migrate the schema to the newest revision: (revision before, after, newest)."""
     return _migrate(url, upgrade=True)
+
+
+def optimize_database(url: str) -> list[str]:
+    """Compact the full-text indexes and refresh statistics (see
+    :func:`tiered_history.store.migrate.optimize`); returns the steps run, in order."""
+    if url.startswith("memory://"):
+        raise ConfigurationError("memory:// keeps no database to optimize")
+    from sqlalchemy import exc
+
+    from .store import migrate
+    from .store.dialect import create_engine, translate
+
+    engine = create_engine(url)
+    try:
+        current, head = migrate.current_revision(engine), migrate.head_revision()
+        if current != head:
+            state = "has no schema" if current is None else f"is at revision {current}, head is {head}"
+            raise SchemaError(f"{mask_url(url)} {state}: run 'tiered-history db upgrade' first")
+        return migrate.optimize(engine)
+    except exc.SQLAlchemyError as e:
+        raise translate(e, "optimizing the database") from None
+    finally:
+        engine.dispose()
 
 
 def _migrate(url: str, upgrade: bool) -> tuple[str | None, str | None, str]:

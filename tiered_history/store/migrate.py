@@ -165,3 +165,34 @@ def upgrade(engine: sa.Engine, target: str = "head", options: Mapping[str, objec
                     "tiered-history does not know (is the database newer than the library?)"
                 )
             _upgrade(conn, target, options or {})
+
+
+def optimize(engine: sa.Engine) -> list[str]:
+    """Compact the full-text indexes (and refresh the planner's statistics); returns what ran.
+
+    SQLite: FTS5 ``optimize`` merges each index's segments into one (FTS5 keeps adding a
+    segment per transaction and merges them only in part, so that a word lookup reads about
+    a dozen of them at 100,000 messages); it holds the write lock while it runs (0.13 s at 100,000
+    messages; it grows with the index): for a quiet hour. PostgreSQL: ``VACUUM (ANALYZE)`` of the two
+    tables, which also moves the GIN indexes' pending entries into the indexes. Nothing
+    stored changes.
+    """
+    from .dialect import WRITE_OPTION
+
+    done: list[str] = []
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as raw:
+            conn = raw.execution_options(**{WRITE_OPTION: True})
+            with conn.begin():
+                for table in FULL_TEXT["sqlite"]:
+                    conn.execute(sa.text(f"INSERT INTO {table}({table}) VALUES ('optimize')"))
+                    done.append(f"{table}: optimize")
+            conn.exec_driver_sql("PRAGMA optimize")
+            done.append("PRAGMA optimize")
+        return done
+    with engine.connect() as raw:
+        conn = raw.execution_options(isolation_level="AUTOCOMMIT")  # VACUUM runs outside a transaction
+        for table in ("messages", "summaries"):
+            conn.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
+            done.append(f"{table}: VACUUM (ANALYZE)")
+    return done
