@@ -978,14 +978,14 @@ class SQLStore:
         top = self._newest_id(cur) if any(old is not None and old.after for old in stale.values()) else 0
         for g, old in stale.items():
             # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
-            words = f'content : "{" ".join(g)}"'
-            match = f'conv : "{at.conv}" AND {words}'
+            term = f'content : "{" ".join(g)}"'
+            match = f'conv : "{at.conv}" AND {term}'
             if summary:
                 cur.execute(q.fts_summaries, {"q": match, "lim": at.cap})
             elif old is None or not old.after:
                 cur.execute(q.fts_messages, {"q": match, "lim": at.cap})
             elif _few_others(at, old, top):
-                params = {"q": words, "lim": at.cap, "after": old.after, "conv": at.conv}
+                params = {"q": term, "lim": at.cap, "after": old.after, "conv": at.conv}
                 cur.execute(q.fts_messages_after_few, params)
             else:
                 cur.execute(q.fts_messages_after, {"q": match, "lim": at.cap, "after": old.after})
