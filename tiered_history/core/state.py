@@ -128,11 +128,19 @@ def _stamp(value: datetime | None) -> str:
 
 
 _STAMPS: dict[datetime, str] = {}
+_LAST_SPAN: tuple[Span | None, str] = (None, "")
 
 
 def _span(s: Span) -> str:
-    """``json.dumps(s.to_json())``, compact."""
-    return f"[{s.messages},{s.tokens},{s.source},{_stamp(s.first_at)},{_stamp(s.last_at)}]"
+    """``json.dumps(s.to_json())``, compact. The open topic's span is usually its clean part's
+    too (the same object): the last one formatted is remembered."""
+    global _LAST_SPAN
+    last = _LAST_SPAN
+    if last[0] is s:
+        return last[1]
+    text = f"[{s.messages},{s.tokens},{s.source},{_stamp(s.first_at)},{_stamp(s.last_at)}]"
+    _LAST_SPAN = (s, text)
+    return text
 
 
 def _seal(x: SealInfo) -> str:

@@ -676,11 +676,9 @@ class SQLStore:
     def _ts(self, value: datetime | None) -> Any:
         if value is None:
             return None
-        value = value.astimezone(UTC)
         if self._sqlite:
-            # The text SQLAlchemy's DateTime writes on SQLite: naive UTC, always with microseconds.
-            return value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-        return value
+            return _sqlite_text(value)
+        return value.astimezone(UTC)
 
     @staticmethod
     def _dt(value: Any) -> datetime | None:
@@ -1589,6 +1587,25 @@ def _plain(text: str) -> bool:
     if text.isascii():
         return "\x00" not in text
     return _PLAIN.fullmatch(text) is not None
+
+
+def _sqlite_text(value: datetime) -> str:
+    """The text SQLAlchemy's DateTime writes on SQLite: naive UTC, always with microseconds. The
+    same few times recur on every write (a conversation's creation, its due time, the newest
+    message's), so those of aware times (equal ones are the same instant) are remembered."""
+    if value.tzinfo is None:
+        return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+    found = _SQLITE_TEXTS.get(value)
+    if found is None:
+        if len(_SQLITE_TEXTS) >= 4096:
+            _SQLITE_TEXTS.clear()
+        found = _SQLITE_TEXTS[value] = (
+            value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+        )
+    return found
+
+
+_SQLITE_TEXTS: dict[datetime, str] = {}
 
 
 def _few_others(at: _Search, old: Candidates, top: int) -> bool:
