@@ -41,6 +41,24 @@ def test_the_size_limit_is_lowered_only_by_a_mark_of_the_current_event_and_budge
     assert off.size_limit == 1000 and not off.size
 
 
+def test_the_lowered_rules_are_one_object_until_the_seal_point_moves() -> None:
+    """Every message until the next event gets the same lowered rules, so what is derived from
+    rules once (compiled phrases, detector parameters) is not derived again at each message."""
+    from tiered_history.core.boundaries import _COMPILED, _compiled
+
+    rules = _rules()
+    state = replace(new_state(CID, None, "cl100k_base", T0), epoch=3, budget=4000)
+    marked = replace(state, window=WindowMark(1, 4000, 3, (), seal_at=600))
+    first = window_size_limit(rules, marked)
+    assert window_size_limit(rules, replace(marked, last_sequence=9)) is first
+    _compiled(first)
+    assert _COMPILED[id(first)][0] is first
+    moved = window_size_limit(rules, replace(marked, window=WindowMark(1, 4000, 3, (), seal_at=700)))
+    assert moved is not first and moved.size_limit == 700
+    assert window_size_limit(_rules(), marked) is not first  # other rules: their own lowered copy
+    assert window_size_limit(_rules(), marked) == first
+
+
 def test_a_mark_reads_back_with_its_seal_point_and_an_older_one_without() -> None:
     mark = WindowMark(5, 4000, 2, (7, 9), seal_at=812)
     assert WindowMark.from_json(mark.to_json()) == mark

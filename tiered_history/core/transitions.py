@@ -280,7 +280,20 @@ def window_size_limit(rules: BoundaryRules, state: ConversationState) -> Boundar
         or mark.seal_at >= rules.size_limit
     ):
         return rules
-    return replace(rules, size_limit=max(mark.seal_at, 1))
+    # The same lowered rules for every message until the next event: one object, so that what
+    # is derived from rules once (their compiled phrases, detector parameters) stays derived.
+    limit = max(mark.seal_at, 1)
+    found = _LOWERED.get((id(rules), limit))
+    if found is not None and found[0] is rules:  # the entry keeps ``rules`` alive: its id is not reused
+        return found[1]
+    if len(_LOWERED) >= 256:
+        _LOWERED.clear()
+    lowered = replace(rules, size_limit=limit)
+    _LOWERED[(id(rules), limit)] = (rules, lowered)
+    return lowered
+
+
+_LOWERED: dict[tuple[int, int], tuple[BoundaryRules, BoundaryRules]] = {}
 
 
 def append(
