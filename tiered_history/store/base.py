@@ -13,7 +13,7 @@ wait (on a lock, a disk or a network) on a thread pool, and calls of a store tha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -138,6 +138,13 @@ class Store(Protocol):
         archives that have text) matching ``query``, best first: BM25 over words and phrases
         (:mod:`tiered_history.core.ranking`), newest first on equal scores. A literal query matches
         messages containing its text (case-insensitive), newest first."""
+        ...
+
+    def search_each(
+        self, conversation_id: str, query: Query, limits: Mapping[str, int]
+    ) -> dict[str, list[Hit]]:
+        """:meth:`search` for each kind ``limits`` names, with its limit, in one snapshot (a
+        read recalls messages and summaries together; one transaction costs fewer round trips)."""
         ...
 
     def conversation_ids(self) -> list[str]:

@@ -11,7 +11,7 @@ import copy
 import itertools
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -236,6 +236,12 @@ class MemoryStore:
                 lambda i: summaries[i].status not in ("pending", "superseded"),
             )
             return [Hit(r.score, summary=summaries[r.key]) for r in ranked[:limit]]
+
+    def search_each(
+        self, conversation_id: str, query: Query, limits: Mapping[str, int]
+    ) -> dict[str, list[Hit]]:
+        with self._lock:  # re-entrant: the searches see one state
+            return {kind: self.search(conversation_id, query, n, kind) for kind, n in limits.items()}
 
     def conversation_ids(self) -> list[str]:
         with self._lock:

@@ -875,16 +875,35 @@ class SQLStore:
 
         def run(cur: Any) -> list[Hit]:
             row = self._read_state_row(cur, cid)
-            if row is None:
-                return []
-            conv = int(row[0])
-            if query.literal is not None:
-                text = query.literal.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-                cur.execute(self.q.search_literal, {"conv": conv, "pattern": f"%{text}%", "lim": limit})
-                return [Hit(1.0, message=self._message(cid, r)) for r in cur.fetchall()]
-            return self._ranked(cur, cid, row, query, limit, kind)
+            return [] if row is None else self._searched_in(cur, cid, row, query, limit, kind)
 
         return self._tx("searching", run, write=False)
+
+    def search_each(
+        self, conversation_id: str, query: Query, limits: Mapping[str, int]
+    ) -> dict[str, list[Hit]]:
+        if query.empty:
+            return {kind: [] for kind in limits}
+        cid = conversation_id
+
+        def run(cur: Any) -> dict[str, list[Hit]]:
+            row = self._read_state_row(cur, cid)
+            return {
+                kind: [] if row is None else self._searched_in(cur, cid, row, query, n, kind)
+                for kind, n in limits.items()
+            }
+
+        return self._tx("searching", run, write=False)
+
+    def _searched_in(
+        self, cur: Any, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
+    ) -> list[Hit]:
+        """:meth:`search` inside the open transaction, whose state row is ``row``."""
+        if query.literal is not None:
+            text = query.literal.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            cur.execute(self.q.search_literal, {"conv": int(row[0]), "pattern": f"%{text}%", "lim": limit})
+            return [Hit(1.0, message=self._message(cid, r)) for r in cur.fetchall()]
+        return self._ranked(cur, cid, row, query, limit, kind)
 
     def _ranked(
         self, cur: Any, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str

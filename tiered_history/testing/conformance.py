@@ -602,6 +602,27 @@ class StoreConformance:
         ]
         assert store.search("c", parse_query("python"), 10, kind="summary") == []  # still pending: no text
 
+    def test_search_each_answers_what_each_search_answers(self, store: Store) -> None:
+        self.chat(store, "c", 6)
+        self.seal(store, "c")
+        self.lease(store, "c", "w")
+        topic = store.read_summaries("c", "topic")[0]
+        state = state_of(store, "c")
+        write = SummaryWrite("the harbour trip and its message", "R", 9, "final", "test")
+        assert store.commit("c", Guard(state.version, "w"), record_summary(state, topic, write, T0)).ok
+        self.chat(store, "c", 3, start=6)
+        for text in ("message harbour", "message", "harbour", '"message 1"', ""):
+            q = parse_query(text)
+            limits = {"message": 4, "summary": 2}
+            assert store.search_each("c", q, limits) == {
+                kind: store.search("c", q, n, kind) for kind, n in limits.items()
+            }, text
+        assert store.search_each("c", parse_query("harbour"), {"summary": 3})["summary"]
+        assert store.search_each("gone", parse_query("message"), {"message": 5, "summary": 5}) == {
+            "message": [],
+            "summary": [],
+        }
+
     def test_delete_removes_every_row_of_one_conversation(self, store: Store) -> None:
         for cid in ("keep", "gone"):
             self.chat(store, cid, 4)
