@@ -509,8 +509,6 @@ class SQLStore:
         self._sqlite = self.caps.name == "sqlite"
         #: Each recent query word's newest matching rows per conversation (see :mod:`.recall`).
         self._recall = CandidateCache()
-        # The state document the last search parsed, with its text (see ``_search_body``).
-        self._searched: tuple[str, dict[str, Any]] | None = None
         #: SQLite: the row key of conversations written here (see ``_update_state``).
         self._keys: dict[str, int] = {}
         #: In-memory SQLite: one shared connection, so callers must take turns (one thread).
@@ -869,15 +867,7 @@ class SQLStore:
         return self._tx("reading summaries", run, write=False)
 
     def search(self, conversation_id: str, query: Query, limit: int, kind: str = "message") -> list[Hit]:
-        if query.empty:
-            return []
-        cid = conversation_id
-
-        def run(cur: Any) -> list[Hit]:
-            row = self._read_state_row(cur, cid)
-            return [] if row is None else self._searched_in(cur, cid, row, query, limit, kind)
-
-        return self._tx("searching", run, write=False)
+        return self.search_each(conversation_id, query, {kind: limit})[kind]
 
     def search_each(
         self, conversation_id: str, query: Query, limits: Mapping[str, int]
@@ -888,32 +878,38 @@ class SQLStore:
 
         def run(cur: Any) -> dict[str, list[Hit]]:
             row = self._read_state_row(cur, cid)
-            return {
-                kind: [] if row is None else self._searched_in(cur, cid, row, query, n, kind)
-                for kind, n in limits.items()
-            }
+            if row is None:
+                return {kind: [] for kind in limits}
+            if query.literal is not None:
+                return {
+                    kind: self._literal(cur, cid, int(row[0]), query.literal, n) for kind, n in limits.items()
+                }
+            body = json.loads(row[9])  # the state document, read once for every kind
+            return {kind: self._ranked(cur, cid, row, body, query, n, kind) for kind, n in limits.items()}
 
         return self._tx("searching", run, write=False)
 
-    def _searched_in(
-        self, cur: Any, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
-    ) -> list[Hit]:
-        """:meth:`search` inside the open transaction, whose state row is ``row``."""
-        if query.literal is not None:
-            text = query.literal.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            cur.execute(self.q.search_literal, {"conv": int(row[0]), "pattern": f"%{text}%", "lim": limit})
-            return [Hit(1.0, message=self._message(cid, r)) for r in cur.fetchall()]
-        return self._ranked(cur, cid, row, query, limit, kind)
+    def _literal(self, cur: Any, cid: str, conv: int, literal: str, limit: int) -> list[Hit]:
+        """Messages holding ``literal`` (a query without a word), newest first."""
+        text = literal.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        cur.execute(self.q.search_literal, {"conv": conv, "pattern": f"%{text}%", "lim": limit})
+        return [Hit(1.0, message=self._message(cid, r)) for r in cur.fetchall()]
 
     def _ranked(
-        self, cur: Any, cid: str, row: Sequence[Any], query: Query, limit: int, kind: str
+        self,
+        cur: Any,
+        cid: str,
+        row: Sequence[Any],
+        body: dict[str, Any],
+        query: Query,
+        limit: int,
+        kind: str,
     ) -> list[Hit]:
         """BM25 over each query word's newest matching rows (see :mod:`.recall`): the lists kept
         from earlier searches, the rest found by the database (SQLite: FTS5, its docsize table
         giving the lengths; PostgreSQL: the tsvectors, giving lengths and counts); on SQLite the
         texts of only those candidates that could still be among the best ``limit`` are read to
         count the words."""
-        body = self._search_body(row[9])
         last = max(int(body["last"]), 1)
         summary = kind != "message"
         at = _Search(
@@ -946,16 +942,6 @@ class SQLStore:
         # PostgreSQL's lists come with every count.
         best = rank(lists, weights, n, avg, last, limit, count if self._sqlite else None)
         return self._hits(cur, at, cid, best)
-
-    def _search_body(self, text: str) -> dict[str, Any]:
-        """The state document of a search, parsed once for the searches of one state (a read
-        searches the messages, then the summaries, of the same version); only ever read."""
-        kept = self._searched
-        if kept is not None and kept[0] == text:
-            return kept[1]
-        body: dict[str, Any] = json.loads(text)
-        self._searched = (text, body)
-        return body
 
     def _lists(
         self, at: _Search, groups: Sequence[Group]
@@ -1090,7 +1076,8 @@ class SQLStore:
             ]
             matched = matched[: at.cap]
             found = [(i, rec, dl, n) for i, rec, dl, n, live in matched if live]
-            fresh[g] = _extended(stale.pop(g), candidates(at.cap, at.upto, found, len(matched)))
+            del stale[g]  # summary lists are kept whole or not at all: nothing to extend
+            fresh[g] = candidates(at.cap, at.upto, found, len(matched))
         return fresh
 
     def _pg_lists(
@@ -1612,15 +1599,13 @@ def _sqlite_text(value: datetime) -> str:
     """The text SQLAlchemy's DateTime writes on SQLite: naive UTC, always with microseconds. The
     same few times recur on every write (a conversation's creation, its due time, the newest
     message's), so those of aware times (equal ones are the same instant) are remembered."""
-    if value.tzinfo is None:
-        return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-    found = _SQLITE_TEXTS.get(value)
+    found = _SQLITE_TEXTS.get(value)  # a naive time never equals an aware one: never found
     if found is None:
-        if len(_SQLITE_TEXTS) >= 4096:
-            _SQLITE_TEXTS.clear()
-        found = _SQLITE_TEXTS[value] = (
-            value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-        )
+        found = value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+        if value.tzinfo is not None:  # a naive time's text depends on the local zone: not kept
+            if len(_SQLITE_TEXTS) >= 4096:
+                _SQLITE_TEXTS.clear()
+            _SQLITE_TEXTS[value] = found
     return found
 
 
