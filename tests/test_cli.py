@@ -265,6 +265,7 @@ def test_db_optimize_merges_the_full_text_segments_and_changes_nothing_found(db:
 
     assert "nothing" in ok("memory://", "db", "optimize").stdout
     assert_one_line_error(run(db, "db", "optimize"), 1, "db upgrade")  # no schema: nothing made
+    assert not Path(db.removeprefix("sqlite:///")).exists()
     for i in range(30):  # a transaction each: FTS5 adds a segment per transaction
         ok(db, "add", "c", "--content", f"harbour trip number {i} with the ferry")
     path = db.removeprefix("sqlite:///")

@@ -48,8 +48,8 @@ from . import (
     TieredHistoryError,
 )
 from .core.budget import MIN_MAX_TOKENS
-from .database import mask_url, optimize_database, schema_revision, upgrade_schema
-from .errors import TranscriptError
+from .database import mask_url, optimize_database, require_current_schema, schema_revision, upgrade_schema
+from .errors import SchemaError, TranscriptError
 from .exchange import is_export, read_export
 from .transcripts import IMPORT_KEY as IMPORT_KEY  # re-exported: the CLI documents this key
 from .transcripts import ImportResult, TranscriptEntry, import_entries, read_transcript
@@ -1209,19 +1209,12 @@ def _check_schema_readonly(url: str) -> None:
     """A read-only inspector must not create or migrate anything: the schema must be current."""
     if url.startswith("memory://"):
         return
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    on_disk = parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
-    if on_disk and not Path(str(parsed.database)).exists():
-        raise TieredHistoryError(f"no database at {parsed.database}")
-    current, head = schema_revision(url)
-    if current != head:
-        state = "has no schema" if current is None else f"is at revision {current}, head is {head}"
+    try:
+        require_current_schema(url)
+    except SchemaError as e:
         raise TieredHistoryError(
-            f"{_mask(url)} {state}; run 'tiered-history db upgrade' first "
-            "(without --allow-writes the inspector never changes the database)"
-        )
+            f"{e} (without --allow-writes the inspector never changes the database)"
+        ) from None
 
 
 @db_app.command("upgrade")

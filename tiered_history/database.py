@@ -8,7 +8,7 @@ from __future__ import annotations
 from .errors import ConfigurationError, SchemaError
 from .store.dialect import mask_url
 
-__all__ = ["mask_url", "optimize_database", "schema_revision", "upgrade_schema"]
+__all__ = ["mask_url", "optimize_database", "require_current_schema", "schema_revision", "upgrade_schema"]
 
 
 def schema_revision(url: str) -> tuple[str | None, str]:
@@ -22,6 +22,23 @@ def upgrade_schema(url: str) -> tuple[str | None, str | None, str]:
     return _migrate(url, upgrade=True)
 
 
+def require_current_schema(url: str) -> None:
+    """Raise :class:`SchemaError` unless the database exists with its schema at the newest
+    revision; creates nothing (a SQLite file that is not there is not made)."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    on_disk = parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
+    if on_disk and not Path(str(parsed.database)).exists():
+        raise SchemaError(f"no database at {parsed.database}; run 'tiered-history db upgrade' first")
+    current, head = schema_revision(url)
+    if current != head:
+        state = "has no schema" if current is None else f"is at revision {current}, head is {head}"
+        raise SchemaError(f"{mask_url(url)} {state}; run 'tiered-history db upgrade' first")
+
+
 def optimize_database(url: str) -> list[str]:
     """Compact the full-text indexes and refresh statistics (see
     :func:`tiered_history.store.migrate.optimize`); returns the steps run, in order."""
@@ -32,12 +49,9 @@ def optimize_database(url: str) -> list[str]:
     from .store import migrate
     from .store.dialect import create_engine, translate
 
+    require_current_schema(url)
     engine = create_engine(url)
     try:
-        current, head = migrate.current_revision(engine), migrate.head_revision()
-        if current != head:
-            state = "has no schema" if current is None else f"is at revision {current}, head is {head}"
-            raise SchemaError(f"{mask_url(url)} {state}: run 'tiered-history db upgrade' first")
         return migrate.optimize(engine)
     except exc.SQLAlchemyError as e:
         raise translate(e, "optimizing the database") from None
