@@ -262,7 +262,7 @@ class _Ranking:
         self.lists, self.coef, self.held, self.limit, self.count = lists, coef, held, limit, count
         # BM25's length norm of a row, by its length (a few dozen lengths among hundreds of rows);
         # a row's length is the same in every list holding it (the index's count of its text).
-        self.norms = {dl: K1 * (1.0 - B + B * (dl if dl > 1 else 1) / avg) for dl in _lengths(lists)}
+        self.norms = {dl: K1 * (1.0 - B + B * (dl if dl > 1 else 1) / avg) for dl in _distinct_lengths(lists)}
         self.bounds: dict[int, float] = {}
         self.recency: dict[int, int] = {}
         self.uncounted: set[int] = set()
@@ -357,7 +357,7 @@ class _Ranking:
         return [(-score, -i, -r) for score, r, i in self.best]
 
 
-def _lengths(lists: Mapping[Group, Candidates]) -> set[int]:
+def _distinct_lengths(lists: Mapping[Group, Candidates]) -> set[int]:
     """Every row length among the lists."""
     out: set[int] = set()
     for c in lists.values():
