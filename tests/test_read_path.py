@@ -556,7 +556,7 @@ def test_sqlite_small_conversations_rank_as_the_index_would(tmp_path: Path, monk
         store = h.reply.store
         assert isinstance(store, SQLStore)
 
-        def counting(made: Any, kind: str) -> Any:
+        def noting(made: Any, kind: str) -> Any:
             def run(cur: Any, at: Any, stale: Any) -> Any:
                 fresh = made(cur, at, stale)
                 scanned[kind] += bool(fresh)
@@ -564,8 +564,8 @@ def test_sqlite_small_conversations_rank_as_the_index_would(tmp_path: Path, monk
 
             return run
 
-        monkeypatch.setattr(store, "_fts_new_messages", counting(store._fts_new_messages, "message"))
-        monkeypatch.setattr(store, "_fts_few_summaries", counting(store._fts_few_summaries, "summary"))
+        monkeypatch.setattr(store, "_fts_new_messages", noting(store._fts_new_messages, "message"))
+        monkeypatch.setattr(store, "_fts_few_summaries", noting(store._fts_few_summaries, "summary"))
         i, gap = 0, timedelta(0)
 
         def at(role: str, text: str, **extra: Any) -> dict[str, Any]:
