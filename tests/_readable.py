@@ -83,6 +83,12 @@ def summary_problems(text: str, messages: Sequence[SummaryInput]) -> list[str]:
 
 def merge_problems(text: str, pieces: Iterable[SummaryPiece]) -> list[str]:
     """Why ``text`` is not a readable extract of the summaries or archives ``pieces``."""
+    return rollup_problems(text, pieces, [])
+
+
+def rollup_problems(text: str, pieces: Iterable[SummaryPiece], messages: Sequence[SummaryInput]) -> list[str]:
+    """Why ``text`` is not a readable extract of a roll-up's inputs: the lines of the ``pieces``
+    given as text, and the ``messages`` the others stand for (date headers allowed)."""
     if not text:
         return []
     sources: dict[str, list[str]] = defaultdict(list)
@@ -97,4 +103,6 @@ def merge_problems(text: str, pieces: Iterable[SummaryPiece]) -> list[str]:
             else:
                 mark = _LIST_MARK_RE.match(line)
                 sources["- "] += source_forms(line[mark.end() :] if mark else line)
+    for m in messages:
+        sources[expected_label(m.role, m.name)] += source_forms(m.content)
     return _check_lines(text, sources, headers_ok=True)

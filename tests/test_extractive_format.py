@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests._readable import LABEL_LINE_RE, merge_problems, summary_problems
+from tests._readable import LABEL_LINE_RE, merge_problems, rollup_problems, summary_problems
 from tiered_history.summarizers.base import SummaryInput, SummaryPiece
 from tiered_history.summarizers.extractive import ExtractiveSummarizer, vocabulary_words
 from tiered_history.tokens import TokenCounter
@@ -320,6 +320,12 @@ def test_summaries_archives_and_rollups_are_verbatim_pieces_under_true_labels(
     rollup = merge(archives, target)
     assert COUNTER.count(rollup) <= target
     assert merge_problems(rollup, archives) == [], rollup
+    # A roll-up handed the messages the first archive stands for chooses from them instead.
+    messages = [m for topic in topics for m in topic]
+    summarizer = ExtractiveSummarizer(COUNTER)
+    sourced = asyncio.run(summarizer.merge(archives, target, sources=[messages, None])).text
+    assert COUNTER.count(sourced) <= target
+    assert rollup_problems(sourced, archives[1:], messages) == [], sourced
 
 
 def test_the_checker_rejects_keyword_lines_word_soup_and_false_labels() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,9 @@ log = logging.getLogger("tiered_history")
 
 #: Conversations claimed per round of a pass.
 BATCH = 16
+#: A roll-up reads the messages of its newest archives up to this many tokens (about half a second
+#: of the offline summariser's time); older archives take part through their text.
+ROLLUP_SOURCE_TOKENS = 100_000
 
 
 @dataclass
@@ -233,7 +237,8 @@ class Maintenance:
         for ids in plan:
             group = [by_id[i] for i in ids]
             await self._renew(cid)
-            write = await self.pipeline.merge(group, target)
+            sources = await self._sources(cid, group) if rollup and self.pipeline.reads_sources else None
+            write = await self.pipeline.merge(group, target, sources)
             write = self.pipeline.in_encoding(
                 write, state.encoding, min(x.started_at for x in group), max(x.ended_at for x in group)
             )
@@ -244,6 +249,27 @@ class Maintenance:
                 break
             merges += 1
         return merges
+
+    async def _sources(self, cid: str, group: Sequence[Summary]) -> list[list[StoredMessage] | None]:
+        """The unpinned messages each archive of a roll-up stands for, newest archives first while
+        they add up to at most :data:`ROLLUP_SOURCE_TOKENS` (older ones are given as their text:
+        a roll-up's work stays bounded however long the conversation grows)."""
+        out: list[list[StoredMessage] | None] = [None] * len(group)
+        total = 0
+        first = None
+        for i in range(len(group) - 1, -1, -1):
+            total += group[i].source_tokens
+            if total > ROLLUP_SOURCE_TOKENS:
+                break
+            first = i
+        if first is None:
+            return out
+        messages = await self.store.read_messages(cid, group[first].first_sequence, group[-1].last_sequence)
+        for i in range(first, len(group)):
+            lo = bisect_left(messages, group[i].first_sequence, key=lambda m: m.sequence)
+            hi = bisect_right(messages, group[i].last_sequence, key=lambda m: m.sequence)
+            out[i] = [m for m in messages[lo:hi] if not m.pinned]
+        return out
 
     async def _detect(
         self,

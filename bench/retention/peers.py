@@ -76,12 +76,25 @@ class CountingSummarizer:
         self.cost.seconds += time.perf_counter() - started
         return result
 
-    async def merge(self, pieces: Sequence[SummaryPiece], target_tokens: int) -> SummaryResult:
+    #: As the library's own: a roll-up hands it the messages its archives stand for.
+    reads_sources = True
+
+    async def merge(
+        self,
+        pieces: Sequence[SummaryPiece],
+        target_tokens: int,
+        *,
+        sources: Sequence[Sequence[SummaryInput] | None] | None = None,
+    ) -> SummaryResult:
         started = time.perf_counter()
-        result = await self.inner.merge(pieces, target_tokens)
+        result = await self.inner.merge(pieces, target_tokens, sources=sources)
         self.cost.calls += 1
         self.cost.merge_calls += 1
-        self.cost.input_tokens += self.counter.count("\n".join(p.text for p in pieces))
+        texts = [
+            "\n".join(f"{m.name or m.role}: {m.content}" for m in src) if src else p.text
+            for p, src in zip(pieces, sources or [None] * len(pieces), strict=True)
+        ]
+        self.cost.input_tokens += self.counter.count("\n".join(texts))
         self.cost.output_tokens += self.counter.count(result.text)
         self.cost.seconds += time.perf_counter() - started
         return result

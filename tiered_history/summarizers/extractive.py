@@ -27,6 +27,7 @@ what it replaces.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import math
 import re
@@ -60,6 +61,8 @@ HEAD_CANDIDATES = 8
 #: Room left over after selection goes to pieces worth at least this share of the weakest one chosen.
 FILL_FLOOR = 0.75
 ELLIPSIS = "…"
+#: A merge handed more source messages than this runs in a thread, off the event loop.
+THREAD_MESSAGES = 500
 #: No cl100k/o200k token spans more than 128 bytes, hence more than 128 characters.
 _MAX_CHARS_PER_TOKEN = 128
 
@@ -424,6 +427,8 @@ class ExtractiveSummarizer:
     """Keeps the most informative sentences and clauses verbatim: no model, no network, deterministic."""
 
     name: str = "extractive"
+    #: ``merge`` takes the messages its pieces stand for (``sources=``): a roll-up is given them.
+    reads_sources: bool = True
 
     def __init__(self, counter: TokenCounter | None = None) -> None:
         self.counter = counter if counter is not None else TokenCounter()
@@ -448,12 +453,38 @@ class ExtractiveSummarizer:
         target_tokens: int,
         *,
         vocabulary: Mapping[str, int] | None = None,
+        sources: Sequence[Sequence[SummaryInput] | None] | None = None,
     ) -> SummaryResult:
-        """Merge summaries (oldest first), or archives into a coarser archive, into one text."""
+        """Merge summaries (oldest first), or archives into a coarser archive, into one text.
+
+        ``sources``: for each piece, the messages it stands for, or ``None``. A piece given its
+        messages competes with its own sentences rather than with what its summary kept of them:
+        a roll-up re-chooses from the whole timeline instead of summarising summaries, which loses
+        more at every level. Room is shared in proportion to the tokens each piece stands for.
+        """
         started = time.perf_counter()
-        sizes = [self.counter.count(p.text) for p in pieces]
-        text = self._merge_text(pieces, sizes, _budget(target_tokens, sum(sizes)), vocabulary)
+        if sources is not None and sum(len(src) for src in sources if src) > THREAD_MESSAGES:
+            # Hundreds of milliseconds of work: off the event loop, whose replies must not wait.
+            text = await asyncio.to_thread(self._merge_sources, pieces, target_tokens, vocabulary, sources)
+        else:
+            text = self._merge_sources(pieces, target_tokens, vocabulary, sources)
         return self._result(text, started)
+
+    def _merge_sources(
+        self,
+        pieces: Sequence[SummaryPiece],
+        target_tokens: int,
+        vocabulary: Mapping[str, int] | None,
+        sources: Sequence[Sequence[SummaryInput] | None] | None,
+    ) -> str:
+        sizes = [self.counter.count(p.text) for p in pieces]
+        weights = sizes
+        if sources is not None:
+            weights = [
+                sum(self.counter.count(m.content) for m in src) if src else size
+                for src, size in zip(sources, sizes, strict=True)
+            ]
+        return self._merge_text(pieces, weights, _budget(target_tokens, sum(sizes)), vocabulary, sources)
 
     # -- summarize ------------------------------------------------------------------------------
 
@@ -495,12 +526,20 @@ class ExtractiveSummarizer:
         sizes: list[int],
         budget: int,
         vocabulary: Mapping[str, int] | None,
+        sources: Sequence[Sequence[SummaryInput] | None] | None = None,
     ) -> str:
         if budget <= 0 or not pieces:
             return ""
         raw: list[_Piece] = []
         group = 0
         for block, piece in enumerate(pieces):
+            messages = sources[block] if sources is not None else None
+            if messages:
+                for message in messages:
+                    prefix = speaker_label(message.role, message.name) + ": "
+                    raw += self._pieces(block, group, prefix, message.role, _runs(message.content))
+                    group += 1
+                continue
             for index, line in enumerate(piece.text.splitlines()):
                 line = line.strip()
                 if not line or _HEADER_LINE_RE.fullmatch(line):

@@ -73,6 +73,13 @@ class SummaryPipeline:
         """The configured summariser is the extractive fallback itself: nothing to retry."""
         return isinstance(self.summarizer, ExtractiveSummarizer)
 
+    @property
+    def reads_sources(self) -> bool:
+        """Whether a roll-up is handed the messages its archives stand for: when the summariser
+        says its ``merge`` takes them (``reads_sources = True``, as the offline one does, for which
+        reading them costs milliseconds; a model would be paid for every token)."""
+        return bool(getattr(self.summarizer, "reads_sources", False))
+
     # -- rendering and acceptance ----------------------------------------------------------------
 
     def write(
@@ -202,8 +209,17 @@ class SummaryPipeline:
 
     # -- archives --------------------------------------------------------------------------------
 
-    async def merge(self, items: Sequence[Summary], target: int | None = None) -> SummaryWrite:
-        """One archive from consecutive summaries (or archives), oldest first, in about ``target`` tokens."""
+    async def merge(
+        self,
+        items: Sequence[Summary],
+        target: int | None = None,
+        sources: Sequence[Sequence[StoredMessage] | None] | None = None,
+    ) -> SummaryWrite:
+        """One archive from consecutive summaries (or archives), oldest first, in about ``target`` tokens.
+
+        ``sources``: the messages each item stands for, where read (see :attr:`reads_sources`);
+        the offline summariser then chooses from them instead of from the items' texts.
+        """
         pieces = [
             SummaryPiece(t.content, t.first_sequence, t.last_sequence, t.started_at, t.ended_at)
             for t in items
@@ -214,6 +230,14 @@ class SummaryPipeline:
             min(t.started_at for t in items),
             max(t.ended_at for t in items),
         )
+        inputs = None
+        if sources is not None:
+            inputs = [
+                [SummaryInput(m.sequence, m.role, m.content, m.timestamp, m.name) for m in src]
+                if src
+                else None
+                for src in sources
+            ]
         source = sum(self.counter.count(t.content) for t in items)
         # The target covers the archive's whole line in its block, date range included.
         target = max(
@@ -225,7 +249,12 @@ class SummaryPipeline:
             result: Any = None
             with spend_ledger() as spent:
                 try:
-                    result = await self._call(self.summarizer.merge(pieces, target))
+                    call = (
+                        self.summarizer.merge(pieces, target)
+                        if inputs is None
+                        else self.summarizer.merge(pieces, target, sources=inputs)  # type: ignore[call-arg]
+                    )
+                    result = await self._call(call)
                     error = self.acceptable(result.text, target)
                     if error is None and self.counter.count(result.text) >= source:
                         error = "archive is not smaller than the summaries it merges"
@@ -238,7 +267,10 @@ class SummaryPipeline:
                     error = describe(exc)
             spent = spend_of(spent, result)
             log.warning("summariser merge failed for %s: %s", items[0].conversation_id, error)
-        fb = await self.fallback.merge(pieces, target)
+        if inputs is not None and isinstance(self.fallback, ExtractiveSummarizer):
+            fb = await self.fallback.merge(pieces, target, sources=inputs)
+        else:
+            fb = await self.fallback.merge(pieces, target)
         return self.write("bulk", fb.text, "final", span, result=fb, error=error, spent=spent)
 
 
