@@ -502,7 +502,8 @@ async def test_summaries_are_user_messages_marked_as_data_with_their_date_range(
 
 
 async def test_archives_are_user_messages_marked_as_data() -> None:
-    async with compressor(context_budget=700, bulk_summary_tokens=40) as hc:
+    # Tiers kept to their shares: a short context would show the archive's topics in its place.
+    async with compressor(context_budget=700, bulk_summary_tokens=40, redistribute_unused=False) as hc:
         for k in range(9):
             await hc.add_message(
                 CID, Message(role="user", content=f"new topic: {k} {words('z', 30)}", timestamp=ts(k))

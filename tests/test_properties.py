@@ -299,20 +299,20 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
     system_dicts = [m for m in msgs if m["role"] == "system"]
     assert system_dicts == [m.to_openai() for m in pinned if m.role == "system"]
 
-    # The stable blocks: live summaries only, oldest first, one user message per tier, marked as data.
-    live_archives = {a.id for a in history.archives if a.merged_into is None and a.dropped_at is None}
-    live_topics = {
-        t.id
-        for t in history.topics
-        if t.merged_into is None and t.status not in ("pending", "superseded") and t.rendered
-    }
-    assert {a.id for a in ctx.bulk_archives} <= live_archives
-    assert {t.id for t in ctx.historical_topics} <= live_topics
+    # The stable blocks: live summaries, or the parts of the newest archives in their place (never
+    # both, never what a dropped archive holds); archives before topics, oldest first, one user
+    # message per tier, marked as data.
+    by_id = {x.id: x for x in history.topics + history.archives}
+    for x in ctx.bulk_archives + ctx.historical_topics:
+        assert by_id[x.id] == x and x.rendered and x.status not in ("pending", "superseded")
+        top = x
+        while top.merged_into is not None:
+            top = by_id[top.merged_into]
+        assert top.dropped_at is None and top.status not in ("pending", "superseded")
+    for prev, nxt in itertools.pairwise(ctx.bulk_archives + ctx.historical_topics):
+        assert prev.last_sequence < nxt.first_sequence
     at = len(pinned)
     for tier, items in (("bulk", ctx.bulk_archives), ("topic", ctx.historical_topics)):
-        assert items == sorted(items, key=lambda x: x.first_sequence)
-        for prev, nxt in itertools.pairwise(items):
-            assert prev.last_sequence < nxt.first_sequence
         if items:
             block = ctx.blocks[tier]
             assert msgs[at] == {"role": "user", "content": block}

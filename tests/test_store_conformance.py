@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta, timezone
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -494,9 +495,14 @@ async def test_merges_create_archives_and_merged_topics_stay_in_history(db_url: 
         r2 = await hc.maintain(CID, now=feed.now)
         assert (r2.summarized, r2.merged, r2.dropped) == (0, 0, 0)
 
+        # With room to spare, the newest archive is shown as the topics it merged (never both).
+        live_ids = [a.id for a in live]
         ctx = await hc.get_context(CID, 700)
-        assert [a.id for a in ctx.bulk_archives] == [a.id for a in live][-len(ctx.bulk_archives) :]
-        assert all(t.merged_into is None for t in ctx.historical_topics)
+        assert [a.id for a in ctx.bulk_archives] == live_ids[: len(ctx.bulk_archives)]
+        parts = [t for t in ctx.historical_topics if t.merged_into is not None]
+        assert parts and {t.merged_into for t in parts} <= set(live_ids) - {a.id for a in ctx.bulk_archives}
+        shown = ctx.bulk_archives + ctx.historical_topics
+        assert all(x.last_sequence < y.first_sequence for x, y in pairwise(shown))
         stats = (await hc.stats(CID))[0]
         assert (stats.topics, stats.archives, stats.archives_dropped) == (8, len(h.archives), 0)
         assert stats.compressions == 8 + len(h.archives)
@@ -526,9 +532,17 @@ async def test_rollups_keep_the_whole_timeline_and_every_archive_in_history(db_u
         assert sum(a.token_count for a in live) <= int((600 - 3) * 0.2)
         assert h.messages == messages_before
 
+        by_id = {a.id: a for a in h.archives}
         for max_tokens in (150, 300, 600, 5000):
             ctx = await hc.get_context(CID, max_tokens)
-            assert all(a.merged_into is None for a in ctx.bulk_archives)
+            # Live archives, or (a short context with room) the parts of the newest in its place.
+            for a in ctx.bulk_archives:
+                top = a
+                while top.merged_into is not None:
+                    top = by_id[top.merged_into]
+                assert top.merged_into is None and top.dropped_at is None
+            shown = ctx.bulk_archives + ctx.historical_topics
+            assert all(x.last_sequence < y.first_sequence for x, y in pairwise(shown))
             assert ctx.total_tokens <= max_tokens
         stats = (await hc.stats(CID))[0]
         assert (stats.archives, stats.archives_dropped) == (len(h.archives), 0)

@@ -743,12 +743,19 @@ class ReplyPath:
         # and the live summaries and archives, newest first, as far as a budget could use them.
         cap = max_tokens + int(max_tokens * self.shares.anchor) + 1
         mark = state.window
+        summaries: tuple[SummaryWindow, ...] = (
+            SummaryWindow("topic", state.topics_merged_upto, max_tokens),
+            SummaryWindow("bulk", 0, max_tokens),
+        )
+        if state.archive_count and self.shares.redistribute:
+            # A context with room to spare shows the newest archives' parts in their place.
+            summaries += (
+                SummaryWindow("topic", 0, max_tokens, merged=True),
+                SummaryWindow("bulk", 0, max_tokens, merged=True),
+            )
         return ContextRequest(
             (Window(0, state.last_sequence, cap),),
-            (
-                SummaryWindow("topic", state.topics_merged_upto, max_tokens),
-                SummaryWindow("bulk", 0, max_tokens),
-            ),
+            summaries,
             mark.shown if mark is not None and mark.budget == max_tokens else (),
         )
 
@@ -909,6 +916,7 @@ class ReplyPath:
             epoch=state.epoch,
             growth=self._growth(state, max_tokens),
             frozen=[summ(x) for x in snap.by_id if x.content],
+            finer=[summ(x) for part in snap.summaries[2:] for x in part],
         )
         return assemble(
             conversation_id=conversation_id,

@@ -16,7 +16,9 @@ The context is laid out stable-first, so a provider's prompt cache keeps hitting
   moves, the summaries shown so far stay and those of what it left are appended, so the blocks
   stay a cached prefix; room the new start leaves beyond the growth room goes to more summaries.
 * **Archives** (merged summaries, rolled up into coarser ones as they grow) cover the oldest
-  parts: the whole timeline stays represented.
+  parts: the whole timeline stays represented. Room still left then shows the newest archive
+  as what it was made of (:func:`unroll`: the archives a roll-up rolled up, the topic summaries
+  an archive merged), newest first: the past nearest the present at a finer resolution.
 * **Recall** uses what is left, up to its reserve (which the current topic may grow into
   between events: recall is sent uncached anyway, a moved window is not): the messages (whole
   tool units) and summaries that best match the newest message, as earlier conversation, after
@@ -34,6 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cache
+from itertools import pairwise
 
 from ..errors import BudgetTooSmallError
 from ..models import CompressedContext, StoredMessage, Summary
@@ -136,6 +139,9 @@ class Rows:
     chosen now leaves, so that it need not move before then."""
     frozen: Sequence[Summary] = ()
     """The summaries the mark says were shown (read by id, whatever became of them since)."""
+    finer: Sequence[Summary] = ()
+    """Summaries and archives merged into the newest archives (what they were made of), if read:
+    a context with room to spare shows them in an archive's place."""
 
 
 def group_units(
@@ -237,6 +243,48 @@ def _fill(tier: str, ranked: Sequence[Summary], limit: int, measure: Measure) ->
         block.items.pop()  # estimates were a little short: the least wanted item goes
     block.tokens = 0
     return block
+
+
+def _tiles(parent: Summary, children: Sequence[Summary]) -> bool:
+    """Whether ``children`` (oldest first) cover exactly ``parent``'s range, with no gap."""
+    if not children or children[0].first_sequence != parent.first_sequence:
+        return False
+    if children[-1].last_sequence != parent.last_sequence:
+        return False
+    return all(b.first_sequence == a.last_sequence + 1 for a, b in pairwise(children))
+
+
+def unroll(
+    archives: _Block, topics: _Block, finer: Sequence[Summary], room: int, measure: Measure
+) -> tuple[_Block, _Block]:
+    """The blocks with the newest archive shown as what it was made of, as long as both fit ``room``.
+
+    Progressive compression in reverse, newest first: a roll-up gives way to the archives it
+    rolled up, an archive to the topic summaries it merged (they join the topic block), so the
+    room a short context has left holds the part nearest the present at a finer resolution and
+    the rest as it was; the blocks stay in time order. Only an archive whose parts are all at
+    hand and cover its whole range is unrolled (parts with no text, topics of pinned messages
+    only, count as covered: pinned messages are sent anyway).
+    """
+    parts: dict[int, list[Summary]] = {}
+    for x in sorted(finer, key=lambda x: x.first_sequence):
+        if x.merged_into is not None:
+            parts.setdefault(x.merged_into, []).append(x)
+    while archives.items:
+        newest = max(archives.items, key=lambda a: a.last_sequence)
+        made_of = parts.get(newest.id, [])
+        if not _tiles(newest, made_of):
+            break
+        shown = [x for x in made_of if x.content]
+        bulk = _Block("bulk", [a for a in archives.items if a.id != newest.id])
+        bulk.items += [x for x in shown if x.tier != "topic"]
+        topic = _Block("topic", [*topics.items, *(x for x in shown if x.tier == "topic")])
+        bulk.tokens = measure(bulk.text()) if bulk.items else 0
+        topic.tokens = measure(topic.text()) if topic.items else 0
+        if bulk.tokens + topic.tokens > room:
+            break
+        archives, topics = bulk, topic
+    return archives, topics
 
 
 def _topic_priority(eligible: Sequence[Summary]) -> list[Summary]:
@@ -383,7 +431,8 @@ def assemble(
         if not rows.frozen or rows.mark is None:
             return None
         first = units[i][0].sequence
-        live = {x.id for x in (*rows.topics, *rows.archives)}
+        # Parts of an archive shown in its place still stand for their ranges while they are read.
+        live = {x.id for x in (*rows.topics, *rows.archives, *rows.finer)}
         if any(x.id not in live or x.last_sequence >= first for x in rows.frozen):
             return None
         shown = [x for x in rows.frozen if x.tier == "topic"]
@@ -480,7 +529,10 @@ def assemble(
         if append:
             return bulk, topic
         first = units[i][0].sequence
-        return grown(bulk, (a for a in reversed(rows.archives) if a.last_sequence < first)), topic
+        bulk = grown(bulk, (a for a in reversed(rows.archives) if a.last_sequence < first))
+        # Room still left shows the newest archives as what they were made of (chosen with the
+        # start: the blocks then stay until the window moves, like the rest).
+        return unroll(bulk, topic, rows.finer, avail - max(room, reserve) - suffix[i], measure)
 
     step = max(int(limit * shares.anchor), 1)
     chosen, (archives, topics) = _choose(
@@ -553,6 +605,17 @@ def _relevance_layout(
     topic_room = free if redistribute else min(alloc.topics - spent, free)
     candidates = [t for t in ranked(chosen) if t.id not in taken]
     topics = _fill("topic", candidates, topic_room, measure)
+    if redistribute and rows.finer:
+        # Room the summaries leave goes first to the newest archives' parts (a finer resolution
+        # of the past) and only then to older messages word for word: a summary line keeps more
+        # of a topic per token than its messages.
+        archives, topics = unroll(
+            archives,
+            topics,
+            [x for x in rows.finer if x.id not in taken],
+            avail - suffix[chosen] - spent,
+            measure,
+        )
     cap = avail if redistribute else max(alloc.current, suffix[chosen])
     # Recalled messages are not repeated; what an archive shown covers is not repeated either.
     floor = max([c.last for c in recalled] + [a.last_sequence for a in archives.items] + [0])

@@ -53,14 +53,16 @@ class Window:
 class SummaryWindow:
     """Summaries of ``kind`` with ordinal > ``after``, newest first, until ``token_cap`` tokens.
 
-    ``live``: only rows not merged into an archive, not dropped and (topics) not pending.
-    ``dropped_only``: only archives dropped from the context, with ordinal <= ``upto``.
+    By default only live rows: not merged into an archive, not dropped, not pending or superseded.
+    ``merged``: instead, only rows merged into an archive (not dropped, not pending or superseded):
+    what the newest archives were made of, which a context with room to spare shows in their place.
+    ``upto``: instead, only archives dropped from the context, with ordinal <= ``upto``.
     """
 
     kind: str
     after: int
     token_cap: int
-    live: bool = True
+    merged: bool = False
     upto: int | None = None
 
 

@@ -196,7 +196,7 @@ class MemoryStore:
                 picked = [
                     s
                     for s in ordered
-                    if s.tier == sw.kind and s.sequence > sw.after and _selected(s, sw.live, sw.upto)
+                    if s.tier == sw.kind and s.sequence > sw.after and _selected(s, sw.merged, sw.upto)
                 ]
                 summaries.append(newest_summaries(picked, sw.token_cap))
             by_id = [conv.summaries[i] for i in request.summary_ids if i in conv.summaries]
@@ -399,12 +399,12 @@ def _row_id(summaries: dict[int, Summary], u: Any) -> int:
     return next((i for i, s in summaries.items() if s.tier == "topic" and s.sequence == u.ordinal), 0)
 
 
-def _selected(s: Summary, live: bool, upto: int | None) -> bool:
+def _selected(s: Summary, merged: bool, upto: int | None) -> bool:
     if upto is not None:
         return s.dropped_at is not None and s.sequence <= upto
-    if not live:
-        return True
-    return s.merged_into is None and s.dropped_at is None and s.status not in ("pending", "superseded")
+    if s.dropped_at is not None or s.status in ("pending", "superseded"):
+        return False
+    return (s.merged_into is not None) == merged
 
 
 def _matches(row: Summary, u: Any) -> bool:

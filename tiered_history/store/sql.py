@@ -168,11 +168,13 @@ class Statements:
             f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq >= :lo AND seq <= :hi "
             "ORDER BY seq"
         )
-        live = "AND parent_id IS NULL AND dropped_at IS NULL AND status NOT IN ('pending', 'superseded')"
+        shown = "AND dropped_at IS NULL AND status NOT IN ('pending', 'superseded')"
         base = (
             f"SELECT {_SUMMARY_COLS} FROM summaries WHERE conv = :conv AND kind = :kind AND ordinal > :after"
         )
-        self.summaries_live = s(f"{base} {live} AND ordinal <= :hi ORDER BY ordinal DESC LIMIT :lim")
+        newest = "AND ordinal <= :hi ORDER BY ordinal DESC LIMIT :lim"
+        self.summaries_live = s(f"{base} AND parent_id IS NULL {shown} {newest}")
+        self.summaries_merged = s(f"{base} AND parent_id IS NOT NULL {shown} {newest}")
         self.summaries_dropped = s(
             f"{base} AND dropped_at IS NOT NULL AND ordinal <= :hi ORDER BY ordinal DESC LIMIT :lim"
         )
@@ -834,7 +836,11 @@ class SQLStore:
         return self._tx("reading the context", run, write=False)
 
     def _summary_window(self, cur: Any, conv: int, cid: str, sw: SummaryWindow) -> list[Summary]:
-        sql = self.q.summaries_dropped if sw.upto is not None else self.q.summaries_live
+        sql = self.q.summaries_live
+        if sw.upto is not None:
+            sql = self.q.summaries_dropped
+        elif sw.merged:
+            sql = self.q.summaries_merged
         hi = sw.upto if sw.upto is not None else 2**31 - 1
         rows = self._page(
             cur, sql, {"conv": conv, "kind": sw.kind, "after": sw.after}, hi, sw.token_cap, False

@@ -470,6 +470,22 @@ class StoreConformance:
         assert live is not None
         assert [t.sequence for t in live.summaries[0]] == [3]
         assert [a.id for a in live.summaries[1]] == [archive.id]
+        # What the archive was made of: the merged rows only, newest first up to the token cap.
+        made = store.read_context(
+            "c",
+            ContextRequest(
+                summaries=(
+                    SummaryWindow("topic", 0, 10**6, merged=True),
+                    SummaryWindow("bulk", 0, 10**6, merged=True),
+                    SummaryWindow("topic", 0, 1, merged=True),
+                )
+            ),
+        )
+        assert made is not None
+        assert [t.sequence for t in made.summaries[0]] == [1, 2]
+        assert all(t.merged_into == archive.id for t in made.summaries[0])
+        assert made.summaries[1] == []
+        assert [t.sequence for t in made.summaries[2]] == [2]
 
     def test_dropped_archives_are_marked_and_kept(self, store: Store) -> None:
         for k in range(2):
