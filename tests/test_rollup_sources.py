@@ -135,12 +135,14 @@ async def test_a_summariser_that_does_not_read_sources_is_never_handed_them() ->
     assert model.merge_calls and all(kw == {} for kw in model.merge_calls)
 
 
+# Archives of three topics stand for about 280 tokens: a cap of 400 tokens, or of 4 per token of
+# the roll-up's target (the bulk share at 600 tokens: 87), reads the newest one's messages and
+# gives the older (the previous roll-up, larger each time) as its text.
+@pytest.mark.parametrize(("cap", "value"), [("ROLLUP_SOURCE_TOKENS", 400), ("ROLLUP_SOURCE_RATIO", 4)])
 async def test_older_archives_beyond_the_source_cap_take_part_through_their_text(
-    monkeypatch: pytest.MonkeyPatch,
+    cap: str, value: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Archives of three topics stand for about 280 tokens: a cap of 400 reads the newest one's
-    # messages, and gives the older (the previous roll-up, larger each time) as its text.
-    monkeypatch.setattr(maintenance_module, "ROLLUP_SOURCE_TOKENS", 400)
+    monkeypatch.setattr(maintenance_module, cap, value)
     rec = Recording(monkeypatch)
     async with HistoryCompressor.from_url("memory://", context_budget=600) as hc:
         assert await feed(hc, 24) >= 2

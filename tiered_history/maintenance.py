@@ -40,6 +40,9 @@ BATCH = 16
 #: A roll-up reads the messages of its newest archives up to this many tokens (about half a second
 #: of the offline summariser's time); older archives take part through their text.
 ROLLUP_SOURCE_TOKENS = 100_000
+#: ...and at most this many per token of its target: small budgets roll up often, each time into
+#: a small archive, so the work per message stays about the same at every budget.
+ROLLUP_SOURCE_RATIO = 100
 
 
 @dataclass
@@ -237,7 +240,11 @@ class Maintenance:
         for ids in plan:
             group = [by_id[i] for i in ids]
             await self._renew(cid)
-            sources = await self._sources(cid, group) if rollup and self.pipeline.reads_sources else None
+            sources = None
+            if rollup and self.pipeline.reads_sources:
+                sources = await self._sources(
+                    cid, group, min(ROLLUP_SOURCE_TOKENS, ROLLUP_SOURCE_RATIO * target)
+                )
             write = await self.pipeline.merge(group, target, sources)
             write = self.pipeline.in_encoding(
                 write, state.encoding, min(x.started_at for x in group), max(x.ended_at for x in group)
@@ -250,16 +257,18 @@ class Maintenance:
             merges += 1
         return merges
 
-    async def _sources(self, cid: str, group: Sequence[Summary]) -> list[list[StoredMessage] | None]:
+    async def _sources(
+        self, cid: str, group: Sequence[Summary], cap: int
+    ) -> list[list[StoredMessage] | None]:
         """The unpinned messages each archive of a roll-up stands for, newest archives first while
-        they add up to at most :data:`ROLLUP_SOURCE_TOKENS` (older ones are given as their text:
-        a roll-up's work stays bounded however long the conversation grows)."""
+        they add up to at most ``cap`` tokens (older ones are given as their text: a roll-up's
+        work stays bounded however long the conversation grows)."""
         out: list[list[StoredMessage] | None] = [None] * len(group)
         total = 0
         first = None
         for i in range(len(group) - 1, -1, -1):
             total += group[i].source_tokens
-            if total > ROLLUP_SOURCE_TOKENS:
+            if total > cap:
                 break
             first = i
         if first is None:
