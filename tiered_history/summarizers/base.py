@@ -52,7 +52,9 @@ class Summarizer(Protocol):
     """Turns a sealed topic into a summary and several summaries into one archive.
 
     Implementations must not mutate their inputs and should raise (any exception)
-    on failure: the engine then falls back to the extractive summariser.
+    on failure: the engine then falls back to the extractive summariser. One that sets
+    ``reads_sources = True`` is given, for a roll-up, the messages each archive stands for as
+    well: ``merge(pieces, target_tokens, sources=...)`` (one list per piece, or ``None``).
     """
 
     name: str
