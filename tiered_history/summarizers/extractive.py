@@ -61,8 +61,9 @@ HEAD_CANDIDATES = 8
 #: Room left over after selection goes to pieces worth at least this share of the weakest one chosen.
 FILL_FLOOR = 0.75
 ELLIPSIS = "…"
-#: A merge handed more source messages than this runs in a thread, off the event loop.
-THREAD_MESSAGES = 500
+#: A merge handed more source messages than this (about 10 ms of work) runs in a thread, off the
+#: event loop: maintenance shares it with the replies.
+THREAD_MESSAGES = 100
 #: No cl100k/o200k token spans more than 128 bytes, hence more than 128 characters.
 _MAX_CHARS_PER_TOKEN = 128
 
