@@ -43,7 +43,7 @@ from ..models import CompressedContext, StoredMessage, Summary
 from .budget import Allocation, allocate, check_max_tokens
 from .framing import REPLY_PRIMING_TOKENS
 from .framing import TokenCounting as TokenCounter
-from .render import item_line, recall_note, render_block
+from .render import day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
 
@@ -219,7 +219,13 @@ class _Block:
     tokens: int = 0
 
     def text(self) -> str:
-        return render_block(self.tier, [_line(s) for s in sorted(self.items, key=lambda s: s.first_sequence)])
+        items = sorted(self.items, key=lambda s: s.first_sequence)
+        return render_block(self.tier, day_lines([(s.content, s.started_at) for s in items]))
+
+
+#: More than an item's own date line costs with its line break (25 for ``[2026-01-05 23:50 –
+#: 2026-01-06 00:10 UTC]``): what its stored cost may exceed its share of a block by.
+DATE_LINE_TOKENS = 28
 
 
 def _overhead(tier: str, measure: Measure) -> int:
@@ -239,9 +245,21 @@ def _fill(tier: str, ranked: Sequence[Summary], limit: int, measure: Measure) ->
     while block.items:
         block.tokens = measure(block.text())
         if block.tokens <= limit:
-            return block
+            break
         block.items.pop()  # estimates were a little short: the least wanted item goes
-    block.tokens = 0
+    else:
+        block.tokens = 0
+    # An item's stored cost counts a date line of its own; in a block a day's items share one,
+    # so items the estimate left out may fit still: tried in turn, each block measured exactly.
+    chosen = {s.id for s in block.items}
+    for s in ranked:
+        if s.id in chosen or block.tokens + s.token_count - DATE_LINE_TOKENS > limit:
+            continue
+        trial = _Block(tier, [*block.items, s])
+        trial.tokens = measure(trial.text())
+        if trial.tokens <= limit:
+            block = trial
+            chosen.add(s.id)
     return block
 
 
