@@ -279,8 +279,8 @@ def unroll(
 
     Progressive compression in reverse, newest first: a roll-up gives way to the archives it
     rolled up, an archive to the topic summaries it merged (they join the topic block), so the
-    room a short context has left holds the part nearest the present at a finer resolution and
-    the rest as it was; the blocks stay in time order. Only an archive whose parts are all at
+    room a context has left holds the part nearest the present at a finer resolution and the
+    rest as it was; the blocks stay in time order. Only an archive whose parts are all at
     hand and cover its whole range is unrolled (parts with no text, topics of pinned messages
     only, count as covered: pinned messages are sent anyway).
     """
