@@ -50,6 +50,11 @@ class Cost:
         self.seconds += other.seconds
 
 
+def _transcript(messages: Sequence[SummaryInput]) -> str:
+    """What a model would read of ``messages``: ``name: content`` per message."""
+    return "\n".join(f"{m.name or m.role}: {m.content}" for m in messages)
+
+
 class CountingSummarizer:
     """tiered_history's extractive summariser behind the ``Summarizer`` protocol, counting its use.
 
@@ -68,7 +73,7 @@ class CountingSummarizer:
 
     async def summarize(self, messages: Sequence[SummaryInput], target_tokens: int) -> SummaryResult:
         started = time.perf_counter()
-        transcript = "\n".join(f"{m.name or m.role}: {m.content}" for m in messages)
+        transcript = _transcript(messages)
         result = await self.inner.summarize(messages, target_tokens)
         self.cost.calls += 1
         self.cost.input_tokens += self.counter.count(transcript)
@@ -91,7 +96,7 @@ class CountingSummarizer:
         self.cost.calls += 1
         self.cost.merge_calls += 1
         texts = [
-            "\n".join(f"{m.name or m.role}: {m.content}" for m in src) if src else p.text
+            _transcript(src) if src else p.text
             for p, src in zip(pieces, sources or [None] * len(pieces), strict=True)
         ]
         self.cost.input_tokens += self.counter.count("\n".join(texts))

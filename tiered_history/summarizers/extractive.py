@@ -494,16 +494,21 @@ class ExtractiveSummarizer:
     ) -> str:
         if budget <= 0:
             return ""
-        raw: list[_Piece] = []
-        for group, message in enumerate(messages):
-            prefix = speaker_label(message.role, message.name) + ": "
-            raw += self._pieces(0, group, prefix, message.role, _runs(message.content))
+        raw = self._message_pieces(0, 0, messages)
         units = self._units(raw, vocabulary, boost_opener=True)
         if not units:
             return ""
         chosen = self._greedy(units, budget, []) or self._best_head(units, budget)
         chosen = self._fill(units, chosen, self._lines, budget)
         return self._clip(self._repair(chosen, self._lines, budget), budget)
+
+    def _message_pieces(self, block: int, group: int, messages: Sequence[SummaryInput]) -> list[_Piece]:
+        """The pieces of ``messages``, a group (a line) each from ``group`` on, under their labels."""
+        raw: list[_Piece] = []
+        for k, message in enumerate(messages):
+            prefix = speaker_label(message.role, message.name) + ": "
+            raw += self._pieces(block, group + k, prefix, message.role, _runs(message.content))
+        return raw
 
     @staticmethod
     def _pieces(block: int, group: int, prefix: str, role: str, runs: list[list[str]]) -> list[_Piece]:
@@ -536,10 +541,8 @@ class ExtractiveSummarizer:
         for block, piece in enumerate(pieces):
             messages = sources[block] if sources is not None else None
             if messages:
-                for message in messages:
-                    prefix = speaker_label(message.role, message.name) + ": "
-                    raw += self._pieces(block, group, prefix, message.role, _runs(message.content))
-                    group += 1
+                raw += self._message_pieces(block, group, messages)
+                group += len(messages)
                 continue
             for index, line in enumerate(piece.text.splitlines()):
                 line = line.strip()

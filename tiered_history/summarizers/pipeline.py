@@ -78,7 +78,7 @@ class SummaryPipeline:
         """Whether a roll-up is handed the messages its archives stand for: when the summariser
         says its ``merge`` takes them (``reads_sources = True``, as the offline one does, for which
         reading them costs milliseconds; a model would be paid for every token)."""
-        return bool(getattr(self.summarizer, "reads_sources", False))
+        return reads_sources(self.summarizer)
 
     # -- rendering and acceptance ----------------------------------------------------------------
 
@@ -158,7 +158,7 @@ class SummaryPipeline:
         if cap < MIN_SUMMARY_TOKENS or self.counter.count(transcript) <= cap:
             # Small topics fit whole: keep them word for word, with no summariser call.
             return self.write("topic", transcript, "final", span, result=_Verbatim())
-        inputs = [SummaryInput(m.sequence, m.role, m.content, m.timestamp, m.name) for m in messages]
+        inputs = summary_inputs(messages)
         error: str | None = None
         spent = Spend()
         if not self.offline:
@@ -232,12 +232,7 @@ class SummaryPipeline:
         )
         inputs = None
         if sources is not None:
-            inputs = [
-                [SummaryInput(m.sequence, m.role, m.content, m.timestamp, m.name) for m in src]
-                if src
-                else None
-                for src in sources
-            ]
+            inputs = [summary_inputs(src) if src else None for src in sources]
         source = sum(self.counter.count(t.content) for t in items)
         # The target covers the archive's whole line in its block, date range included.
         target = max(
@@ -267,11 +262,21 @@ class SummaryPipeline:
                     error = describe(exc)
             spent = spend_of(spent, result)
             log.warning("summariser merge failed for %s: %s", items[0].conversation_id, error)
-        if inputs is not None and isinstance(self.fallback, ExtractiveSummarizer):
-            fb = await self.fallback.merge(pieces, target, sources=inputs)
+        if inputs is not None and reads_sources(self.fallback):
+            fb = await self.fallback.merge(pieces, target, sources=inputs)  # type: ignore[call-arg]
         else:
             fb = await self.fallback.merge(pieces, target)
         return self.write("bulk", fb.text, "final", span, result=fb, error=error, spent=spent)
+
+
+def summary_inputs(messages: Sequence[StoredMessage]) -> list[SummaryInput]:
+    """Stored messages as a summariser is given them."""
+    return [SummaryInput(m.sequence, m.role, m.content, m.timestamp, m.name) for m in messages]
+
+
+def reads_sources(summarizer: object) -> bool:
+    """Whether ``summarizer``'s ``merge`` takes ``sources=`` (it says so: ``reads_sources = True``)."""
+    return bool(getattr(summarizer, "reads_sources", False))
 
 
 def describe(exc: BaseException) -> str:
