@@ -203,3 +203,35 @@ def test_without_redistribution_an_event_brings_a_kept_window_back_within_its_sh
 
     assert start(1) == 1
     assert start(2) > 1
+
+
+def test_a_one_word_message_recalls_within_its_reserve_and_keeps_the_timelines_summaries() -> None:
+    """A one-word newest message ("Vans?") is a weak query: in a short context it still recalls,
+    but only within the recall reserve; the summary of the earlier topic stays. Two words (an
+    ordinary question) take the room first, as above."""
+    rows = _small_topic_after_a_long_one()
+    weak = replace(rows, query="Vans?")
+    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=weak)
+    assert [t.id for t in ctx.topic_summaries] == [100]
+    assert ctx.tier_tokens["recall"] > 0
+    assert ctx.total_tokens <= 1000
+    strong = assemble(
+        conversation_id="c",
+        max_tokens=1000,
+        shares=SHARES,
+        counter=COUNTER,
+        rows=replace(rows, query="Which van leaves for which depot?"),
+    )
+    assert strong.tier_tokens["recall"] > ctx.allocation["topic"]
+    assert strong.tier_tokens["recall"] > ctx.tier_tokens["recall"]
+    assert not strong.topic_summaries  # the strong query's matches took the summary's room
+
+
+def test_query_words_counts_unspaced_scripts_by_characters() -> None:
+    from tiered_history.core.ranking import query_words
+
+    assert query_words("") == query_words("ok thanks") == 0
+    assert query_words("nice") == query_words("Budget?") == query_words("thanks Anna") == 1
+    assert query_words("what was the budget for the remote?") == 2
+    assert query_words("预算是多少") == 2  # one run of five characters: a question, not a word
+    assert query_words("ราคาเท่าไหร่") >= 2

@@ -43,6 +43,7 @@ from ..models import CompressedContext, StoredMessage, Summary
 from .budget import Allocation, allocate, check_max_tokens
 from .framing import REPLY_PRIMING_TOKENS
 from .framing import TokenCounting as TokenCounter
+from .ranking import query_words
 from .render import day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
@@ -82,6 +83,11 @@ class Recalled:
     def last(self) -> int:
         return self.messages[-1].sequence if self.messages else self.summary.last_sequence  # type: ignore[union-attr]
 
+
+#: A newest message giving recall fewer words than this ("nice", "Budget?", "thanks Anna") is a weak
+#: query: matches of one word are noise as often as not. In a short context it is still recalled
+#: for, but only within its reserve, not in place of the summaries of the whole timeline.
+STRONG_QUERY_WORDS = 2
 
 #: A sealed topic holding at least this share of what recall found (its messages' and its
 #: summary's scores) is the one the newest message goes back to.
@@ -517,6 +523,7 @@ def assemble(
             used,
             measure,
             shares.redistribute,
+            reserve if rows.query and query_words(rows.query) < STRONG_QUERY_WORDS else None,
         )
 
     def widen(
@@ -599,14 +606,16 @@ def _relevance_layout(
     used: int,
     measure: Measure,
     redistribute: bool,
+    weak: int | None = None,
 ) -> CompressedContext:
     """A context too short for a provider to cache, laid out for relevance alone.
 
     The window takes its share; recall comes first in the topic tier (what matches the newest
     message wins over what is merely recent) and, when redistributing, in what the window and the
-    archives leave of theirs; topic summaries fill what recall leaves; then the window reaches
-    back over what is left, swapping the newest summaries back for their messages while they fit;
-    room still left (whole items rarely fill it exactly) goes to more recall.
+    archives leave of theirs (for a weak query, only its reserve ``weak``); topic summaries fill
+    what recall leaves; then the window reaches back over what is left, swapping the newest
+    summaries back for their messages while they fit; room still left (whole items rarely fill it
+    exactly) goes to more recall.
     """
     chosen = at_share
     if suffix[chosen] + archives.tokens > avail:
@@ -616,6 +625,8 @@ def _relevance_layout(
     # room the window and the archives leave (only the topic tier's share without redistributing).
     free = avail - suffix[chosen] - archives.tokens
     room = free if redistribute else min(alloc.topics, free)
+    if weak is not None:
+        room = min(room, weak)
     recalled, note, note_tokens = _recall(rows, window, _Block("topic"), archives, room, measure)
     spent = note_tokens + sum(_cost(c.messages) for c in recalled)
     taken = {c.summary.id for c in recalled if c.summary is not None}

@@ -113,6 +113,23 @@ def recall_query(newest: str, context: Iterable[str] = (), context_weight: float
     return Query(tuple(groups), weights=tuple(weights))
 
 
+#: Runs of letters in scripts written without spaces between words (Han, kana, Thai, Lao, Khmer,
+#: Myanmar): one such run is a whole phrase or sentence, not one word.
+_UNSPACED_RE = re.compile(
+    r"[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+)
+
+
+def query_words(text: str) -> int:
+    """About how many words ``text`` gives recall to look for: the distinct words
+    :func:`recall_query` keeps, a run of a script written without spaces counted as one word per
+    two of its characters (a Chinese sentence is one run: it asks as much as an English one)."""
+    n = 0
+    for (w,) in dict.fromkeys(recall_query(text).groups):
+        n += max(len(w) // 2, 1) if _UNSPACED_RE.search(w) else 1
+    return n
+
+
 #: Floor of a word's inverse document frequency (SQLite FTS5's): a word in half the documents or
 #: more says next to nothing about which one is meant.
 IDF_FLOOR = 1e-6
