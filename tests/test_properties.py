@@ -16,7 +16,7 @@ import json
 import random
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from tiered_history import (
     Summary,
 )
 from tiered_history.core import ranking
+from tiered_history.core.excerpt import ELLIPSIS
 from tiered_history.tokens import TokenCounter
 
 TokenCounter()  # loading an encoding points TIKTOKEN_CACHE_DIR at litellm's bundled copy
@@ -46,7 +47,7 @@ A_TAG, B_TAG = "alphaconv", "bravoconv"
 WORDS = (
     "the", "budget", "keeps", "every", "topic", "summary", "archive", "token", "reply", "question",
     "Oslo", "Zürich", "naïve", "café", "東京", "données", "🙂", "42", "3.14", "x_y", "a%b", "<tag>",
-    "{json}", "```code```", "\\n", "tabs\t",
+    "{json}", "```code```", "\\n", "tabs\t", "done.", "why?", "駅。",
 )  # fmt: skip
 #: Minimum tokens a truncated message's content can take: the marker with its number, plus slack.
 MARKER_ALLOWANCE = 16
@@ -357,7 +358,20 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
         assert all(not m.pinned for m in recalled)
         assert recalled == [m for m in complete_units(recalled)]
         for m in recalled:
-            assert m == stored_by_seq[m.sequence]
+            stored = stored_by_seq[m.sequence]
+            if m != stored:
+                # A long match that did not fit whole: its sentences, in order, omissions marked;
+                # the message otherwise as stored.
+                assert (
+                    replace(m, truncated_content=stored.truncated_content, token_count=stored.token_count)
+                    == stored
+                )
+                pieces = [p.strip() for p in m.context_content.split(ELLIPSIS)]
+                assert ELLIPSIS in m.context_content and any(pieces), m.context_content
+                found = 0
+                for p in filter(None, pieces):
+                    found = stored.context_content.index(p, found) + len(p)
+                event("recalled an excerpt")
         start = ctx.recall_start
         assert msgs[start] == {"role": "user", "content": ctx.recall_note}
         assert msgs[start + 1 : start + 1 + len(recalled)] == [m.to_openai() for m in recalled]
@@ -444,6 +458,7 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
         check_context(ctx, ha, max_tokens)
         wanted = {w for w in ranking.words(query) if w not in ranking.STOPWORDS}
         recalled = {x.sequence for x in ctx.recalled}
+        by_seq = {x.sequence: x for x in ha.messages}
 
         def matches(x: StoredMessage, wanted: set[str] = wanted) -> bool:
             # (a call's arguments are searchable too)
@@ -453,6 +468,8 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
             # Its whole tool unit: the call and every result (the match may be in any of them).
             call = next((x for x in ctx.recalled if m.tool_call_id in _ids(x)), m)
             unit = [call, *(x for x in ctx.recalled if x.tool_call_id in _ids(call))]
+            if m != by_seq[m.sequence]:  # an excerpt: only sentences that match
+                assert wanted & set(ranking.words(m.context_content)), (query, m.context_content)
             if any(matches(x) for x in unit):
                 continue
             # Or it belongs to a topic the query goes back to, recalled whole (its unpinned

@@ -235,3 +235,62 @@ def test_query_words_counts_unspaced_scripts_by_characters() -> None:
     assert query_words("what was the budget for the remote?") == 2
     assert query_words("预算是多少") == 2  # one run of five characters: a question, not a word
     assert query_words("ราคาเท่าไหร่") >= 2
+
+
+def _long_answer(seq: int) -> StoredMessage:
+    text = " ".join(
+        f"Point {k}: the crates for depot {k} are stacked by the north door and counted twice."
+        for k in range(1, 30)
+    )
+    text += " The blue van was repainted on Tuesday. " + " ".join(
+        f"Note {k}: the loading bay stays closed during the inspection of shelf {k}." for k in range(30)
+    )
+    return message(seq, text, "assistant")
+
+
+def test_a_long_match_that_does_not_fit_is_recalled_as_its_matching_sentences() -> None:
+    long = _long_answer(5)
+    msgs = (
+        [message(i, filler(i)) for i in range(1, 5)] + [long] + [message(i, filler(i)) for i in range(6, 12)]
+    )
+    newest = message(12, "When was the blue van repainted?")
+    rows = Rows(
+        pinned=[],
+        recent=[*msgs, newest],
+        end_position=0,
+        recall=[Recalled(20.0, messages=(long,)), Recalled(3.0, messages=(msgs[1],))],
+        query=newest.content,
+    )
+    assert long.token_count > 500
+    picked, _, tokens = _recall(rows, [newest], _Block("topic"), _Block("bulk"), 200, measure)
+    assert [c.first for c in picked] == [2, 5]
+    cut = picked[1].messages[0]
+    assert cut.content == long.content  # the stored message is untouched; the context shows a cut
+    shown = cut.to_openai()["content"]
+    assert "The blue van was repainted on Tuesday." in shown
+    assert shown.startswith("[…] ") and shown.endswith(" […]")
+    assert cut.token_count == COUNTER.message_tokens(cut.to_openai())  # exact, framing included
+    assert tokens + sum(c.messages[0].token_count for c in picked) <= 200
+    # With no room for even one matching sentence, nothing of it is shown.
+    picked, _, _ = _recall(rows, [newest], _Block("topic"), _Block("bulk"), 60, measure)
+    assert all(c.first != 5 for c in picked)
+
+
+def test_a_tool_unit_is_never_cut_for_recall() -> None:
+    call = StoredMessage(
+        "c", 3, "assistant", "", T0, 20, 20, tool_calls=[{"id": "t1", "type": "function",
+        "function": {"name": "van", "arguments": "{}"}}]
+    )  # fmt: skip
+    result_text = " ".join(f"Van {k} was repainted blue on day {k}." for k in range(80))
+    n = COUNTER.message_tokens({"role": "tool", "content": result_text, "tool_call_id": "t1"})
+    result = StoredMessage("c", 4, "tool", result_text, T0, n, n, tool_call_id="t1")
+    newest = message(9, "When was the blue van repainted?")
+    rows = Rows(
+        pinned=[],
+        recent=[message(1, "hi there"), call, result, newest],
+        end_position=0,
+        recall=[Recalled(20.0, messages=(call, result))],
+        query=newest.content,
+    )
+    picked, _, _ = _recall(rows, [newest], _Block("topic"), _Block("bulk"), 200, measure)
+    assert picked == []

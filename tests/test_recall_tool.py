@@ -158,3 +158,23 @@ def completion(message: dict[str, Any], finish: str) -> str:
             "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
         }
     )
+
+
+async def test_a_long_message_over_the_budget_comes_as_its_matching_sentences(db_url: str) -> None:
+    long = " ".join(f"Step {k}: water the tomato bed number {k} before noon." for k in range(60))
+    long += " The gate code for the allotment is 4417. " + " ".join(
+        f"Tip {k}: compost row {k} weekly." for k in range(40)
+    )
+    async with HistoryCompressor.from_url(db_url) as hc:
+        await fill(hc, "c")
+        await hc.add_message("c", {"role": "assistant", "content": long, "timestamp": at(50)})
+        counter = TokenCounter()
+        assert counter.message_tokens({"role": "assistant", "content": long}) > 600
+        r = await hc.recall("c", "allotment gate code", 300)
+        [e] = [e for e in r.excerpts if e.first_sequence == 35]
+        assert e.text.startswith("[message 35, excerpt, ")
+        assert "The gate code for the allotment is 4417." in e.text and "[…]" in e.text
+        framed = counter.message_tokens({"role": "tool", "tool_call_id": "call", "content": r.text()})
+        assert r.token_count == framed <= 300
+        # The stored message is whole.
+        assert (await hc.get_history("c")).messages[-1].content == long

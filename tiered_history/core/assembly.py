@@ -41,9 +41,10 @@ from itertools import pairwise
 from ..errors import BudgetTooSmallError
 from ..models import CompressedContext, StoredMessage, Summary
 from .budget import Allocation, allocate, check_max_tokens
+from .excerpt import excerpt
 from .framing import REPLY_PRIMING_TOKENS
 from .framing import TokenCounting as TokenCounter
-from .ranking import query_words
+from .ranking import query_words, recall_query
 from .render import day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
@@ -814,12 +815,25 @@ def _recall(
     done = [False] * len(eligible)
     # First what adds something new; then, in room still left, what repeats part of a pick (a
     # message of a recalled summary's topic keeps details the summary left out).
+    terms: frozenset[str] | None = None
     for distinct in (True, False):
         for k, (cand, cost) in enumerate(eligible):
-            if done[k] or spent + cost + note_estimate > room:
+            if done[k]:
                 continue
             if distinct and any(cand.first <= hi and lo <= cand.last for lo, hi in spans):
                 continue
+            if spent + cost + note_estimate > room:
+                # A long match that does not fit may still fit as its best sentences (only as
+                # something new: a repeat's excerpt would add little).
+                free = room - spent - note_estimate
+                if not distinct or free < EXCERPT_MIN_TOKENS or not _excerptable(cand):
+                    continue
+                if terms is None:
+                    terms = frozenset(g[0] for g in recall_query(rows.query).groups)
+                cut = _excerpt(cand.messages[0], terms, free, measure)
+                if cut is None:
+                    continue
+                cand, cost = replace(cand, messages=(cut,)), cut.token_count
             if any(m.sequence in taken for m in cand.messages):
                 continue
             done[k] = True
@@ -845,6 +859,33 @@ def _recall(
             return picked, note, note_tokens
         picked.remove(min(picked, key=lambda c: c.score))  # the estimate was short: the weakest goes
     return [], "", 0
+
+
+#: A matching message too long for the room recall has left is recalled as its sentences that
+#: match best (:mod:`.excerpt`), when at least this many tokens are left for them.
+EXCERPT_MIN_TOKENS = 32
+
+
+def _excerptable(cand: Recalled) -> bool:
+    """A single plain message (text content, no tool call or result: a unit is never cut)."""
+    if cand.summary is not None or len(cand.messages) != 1:
+        return False
+    m = cand.messages[0]
+    return m.role != "tool" and not m.tool_calls and not m.extra
+
+
+def _excerpt(m: StoredMessage, terms: frozenset[str], room: int, measure: Measure) -> StoredMessage | None:
+    """``m`` shown as its best-matching sentences within ``room`` framed tokens, or ``None``."""
+    text = m.context_content
+    empty = measure("")
+    content = measure(text) - empty
+    framing = m.token_count - content  # the message's own framing (role, name) as stored
+    if framing < empty or not text:
+        return None
+    found = excerpt(text, terms, lambda shown: measure(shown) - empty + framing, room, content / len(text))
+    if found is None:
+        return None
+    return replace(m, truncated_content=found[0], token_count=found[1])
 
 
 def _context(

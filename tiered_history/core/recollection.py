@@ -7,12 +7,15 @@ how to measure and label, choose and render. The service searches; this decides.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
 from ..models import StoredMessage
 from .assembly import Recalled
+from .excerpt import excerpt
+from .ranking import recall_query
 from .render import date_range, escape
 
 #: The tool the bot's model calls; its result is :meth:`Recollection.text`.
@@ -70,7 +73,7 @@ def _turn(m: StoredMessage, line: Callable[[StoredMessage], str]) -> str:
     return f"{text} [called {', '.join(calls)}]" if calls else text
 
 
-def _excerpt(c: Recalled, line: Callable[[StoredMessage], str]) -> Excerpt:
+def _excerpt(c: Recalled, line: Callable[[StoredMessage], str], cut: str | None = None) -> Excerpt:
     if c.summary is not None:
         s = c.summary
         when = date_range(s.started_at, s.ended_at)
@@ -87,6 +90,8 @@ def _excerpt(c: Recalled, line: Callable[[StoredMessage], str]) -> Excerpt:
     ms = c.messages
     first, last = ms[0].sequence, ms[-1].sequence
     where = f"message {first}" if first == last else f"messages {first}–{last}"
+    if cut is not None:  # a long message as its best-matching sentences (a single plain message)
+        where, ms = f"{where}, excerpt", (replace(ms[0], content=cut),)
     cite = f"[{where}, {date_range(ms[0].timestamp, ms[-1].timestamp)}]"
     turns = "\n".join(escape(_turn(m, line)) for m in ms)
     return Excerpt("messages", first, last, ms[0].timestamp, ms[-1].timestamp, c.score, f"{cite}\n{turns}")
@@ -103,17 +108,33 @@ def recollect(
     """The best-scoring candidates whose rendering fits ``max_tokens`` (as measured), oldest first.
 
     A candidate that overlaps one already chosen adds nothing and is skipped (a message and the
-    summary of its topic, say); one that does not fit is skipped for the next, smaller one.
+    summary of its topic, say); one that does not fit is skipped for the next, smaller one, unless
+    it is a single plain message: then its sentences that best match the query may fit.
     """
     chosen: list[Excerpt] = []
     spans: list[tuple[int, int]] = []
+    terms = frozenset(g[0] for g in recall_query(query).groups)
+
+    def with_(e: Excerpt) -> list[Excerpt]:
+        return sorted([*chosen, e], key=lambda x: x.first_sequence)
+
+    def _cost(c: Recalled, cut: str) -> int:
+        return measure(render(query, with_(_excerpt(c, line, cut))))
+
     for c in sorted(candidates, key=lambda c: (-c.score, -c.last)):
         if any(c.first <= hi and lo <= c.last for lo, hi in spans):
             continue
-        e = _excerpt(c, line)
-        trial = sorted([*chosen, e], key=lambda x: x.first_sequence)
-        if measure(render(query, trial)) <= max_tokens:
-            chosen, spans = trial, [*spans, (c.first, c.last)]
+        trial = with_(_excerpt(c, line))
+        if measure(render(query, trial)) > max_tokens:
+            m = c.messages[0] if len(c.messages) == 1 and c.summary is None else None
+            if m is None or m.role == "tool" or m.tool_calls or not m.content:
+                continue
+            per_char = m.full_token_count / len(m.content)
+            found = excerpt(m.content, terms, partial(_cost, c), max_tokens, per_char)
+            if found is None:
+                continue
+            trial = with_(_excerpt(c, line, found[0]))
+        chosen, spans = trial, [*spans, (c.first, c.last)]
     tokens = measure(render(query, chosen))
     return Recollection(conversation_id, query, max_tokens, chosen, tokens)
 
