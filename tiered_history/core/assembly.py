@@ -820,22 +820,23 @@ def _recall(
         for k, (cand, cost) in enumerate(eligible):
             if done[k]:
                 continue
+            free = room - spent - note_estimate
+            # A long match that does not fit may still fit as its best sentences (only as
+            # something new: a repeat's excerpt would add little).
+            whole = cost <= free
+            if not whole and (not distinct or free < EXCERPT_MIN_TOKENS or not _excerptable(cand)):
+                continue
             if distinct and any(cand.first <= hi and lo <= cand.last for lo, hi in spans):
                 continue
-            if spent + cost + note_estimate > room:
-                # A long match that does not fit may still fit as its best sentences (only as
-                # something new: a repeat's excerpt would add little).
-                free = room - spent - note_estimate
-                if not distinct or free < EXCERPT_MIN_TOKENS or not _excerptable(cand):
-                    continue
+            if any(m.sequence in taken for m in cand.messages):
+                continue
+            if not whole:
                 if terms is None:
                     terms = frozenset(g[0] for g in recall_query(rows.query).groups)
                 cut = _excerpt(cand.messages[0], terms, free, measure)
                 if cut is None:
                     continue
                 cand, cost = replace(cand, messages=(cut,)), cut.token_count
-            if any(m.sequence in taken for m in cand.messages):
-                continue
             done[k] = True
             picked.append(cand)
             spans.append((cand.first, cand.last))
