@@ -41,7 +41,7 @@ from itertools import pairwise
 from ..errors import BudgetTooSmallError
 from ..models import CompressedContext, StoredMessage, Summary
 from .budget import Allocation, allocate, check_max_tokens
-from .excerpt import excerpt
+from .excerpt import matching_sentences
 from .framing import REPLY_PRIMING_TOKENS
 from .framing import TokenCounting as TokenCounter
 from .ranking import query_words, recall_query
@@ -83,6 +83,15 @@ class Recalled:
     @property
     def last(self) -> int:
         return self.messages[-1].sequence if self.messages else self.summary.last_sequence  # type: ignore[union-attr]
+
+    @property
+    def plain(self) -> StoredMessage | None:
+        """Its message, if it is a single message that is neither a tool call nor a result (a
+        unit is never cut: only such a message may be shown as an excerpt)."""
+        if self.summary is not None or len(self.messages) != 1:
+            return None
+        m = self.messages[0]
+        return None if m.role == "tool" or m.tool_calls else m
 
 
 #: A newest message giving recall fewer words than this ("nice", "Budget?", "thanks Anna") is a weak
@@ -868,11 +877,9 @@ EXCERPT_MIN_TOKENS = 32
 
 
 def _excerptable(cand: Recalled) -> bool:
-    """A single plain message (text content, no tool call or result: a unit is never cut)."""
-    if cand.summary is not None or len(cand.messages) != 1:
-        return False
-    m = cand.messages[0]
-    return m.role != "tool" and not m.tool_calls and not m.extra
+    """A plain message with text content (one given as parts would be sent as other parts)."""
+    m = cand.plain
+    return m is not None and not m.extra
 
 
 def _excerpt(m: StoredMessage, terms: frozenset[str], room: int, measure: Measure) -> StoredMessage | None:
@@ -883,7 +890,9 @@ def _excerpt(m: StoredMessage, terms: frozenset[str], room: int, measure: Measur
     framing = m.token_count - content  # the message's own framing (role, name) as stored
     if framing < empty or not text:
         return None
-    found = excerpt(text, terms, lambda shown: measure(shown) - empty + framing, room, content / len(text))
+    found = matching_sentences(
+        text, terms, lambda shown: measure(shown) - empty + framing, room, content / len(text)
+    )
     if found is None:
         return None
     return replace(m, truncated_content=found[0], token_count=found[1])

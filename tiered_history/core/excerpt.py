@@ -25,32 +25,51 @@ _MARK_TOKENS = 3
 
 def sentences(text: str) -> list[str]:
     """The sentences (or lines) of ``text``, stripped, empty ones left out."""
-    return [s for s in (p.strip() for p in _SENTENCE_END.split(text)) if s]
+    return [text[a:b] for a, b in spans(text)]
 
 
-def joined(parts: Sequence[str], shown: Sequence[int]) -> str:
-    """``parts`` at the indices ``shown`` (ascending), each gap marked with :data:`ELLIPSIS`."""
+def spans(text: str) -> list[tuple[int, int]]:
+    """Where each sentence of :func:`sentences` lies in ``text`` (start, end)."""
+    out: list[tuple[int, int]] = []
+    start = 0
+    for cut in [*_SENTENCE_END.finditer(text), None]:
+        end = len(text) if cut is None else cut.start()
+        piece = text[start:end]
+        if piece.strip():
+            lead = len(piece) - len(piece.lstrip())
+            out.append((start + lead, start + len(piece.rstrip())))
+        if cut is not None:
+            start = cut.end()
+    return out
+
+
+def joined(text: str, where: Sequence[tuple[int, int]], shown: Sequence[int]) -> str:
+    """The sentences of ``text`` at the indices ``shown`` (ascending) of ``where``: a run of
+    neighbours as the text has it (its line breaks kept), each gap marked with :data:`ELLIPSIS`."""
     out: list[str] = [] if shown[0] == 0 else [ELLIPSIS]
-    prev = -1
-    for i in shown:
-        if prev >= 0 and i != prev + 1:
-            out.append(ELLIPSIS)
-        out.append(parts[i])
-        prev = i
-    if shown[-1] != len(parts) - 1:
+    run = shown[0]
+    for k, i in enumerate(shown):
+        nxt = shown[k + 1] if k + 1 < len(shown) else None
+        if nxt != i + 1:  # the run from ``run`` ends at ``i``
+            out.append(text[where[run][0] : where[i][1]])
+            if nxt is not None:
+                out.append(ELLIPSIS)
+                run = nxt
+    if shown[-1] != len(where) - 1:
         out.append(ELLIPSIS)
     return " ".join(out)
 
 
-def excerpt(
+def matching_sentences(
     text: str, terms: frozenset[str], cost: Callable[[str], int], room: int, per_char: float
 ) -> tuple[str, int] | None:
     """``text`` cut to its best-matching sentences, with its ``cost`` (exact, as ``cost`` measures
     a candidate excerpt), within ``room``; ``None`` when it has a single sentence, none holds a
     query word, or not even one fits. ``per_char``: the text's tokens per character."""
-    parts = sentences(text)
-    if len(parts) < 2 or not terms:
+    where = spans(text)
+    if len(where) < 2 or not terms:
         return None
+    parts = [text[a:b] for a, b in where]
     hits = [len(terms.intersection(words(p))) for p in parts]
     order = sorted((i for i in range(len(parts)) if hits[i]), key=lambda i: (-hits[i], i))
     if not order:
@@ -64,7 +83,7 @@ def excerpt(
             taken.append(i)
             estimate += extra
     while taken:
-        shown = joined(parts, sorted(taken))
+        shown = joined(text, where, sorted(taken))
         exact = cost(shown)
         if exact <= room:
             return shown, exact

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from ..models import StoredMessage
 from .assembly import Recalled
-from .excerpt import excerpt
+from .excerpt import matching_sentences
 from .ranking import recall_query
 from .render import date_range, escape
 
@@ -126,11 +126,11 @@ def recollect(
             continue
         trial = with_(_excerpt(c, line))
         if measure(render(query, trial)) > max_tokens:
-            m = c.messages[0] if len(c.messages) == 1 and c.summary is None else None
-            if m is None or m.role == "tool" or m.tool_calls or not m.content:
+            m = c.plain
+            if m is None or not m.content:
                 continue
             per_char = m.full_token_count / len(m.content)
-            found = excerpt(m.content, terms, partial(_cost, c), max_tokens, per_char)
+            found = matching_sentences(m.content, terms, partial(_cost, c), max_tokens, per_char)
             if found is None:
                 continue
             trial = with_(_excerpt(c, line, found[0]))
