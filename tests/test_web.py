@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -646,6 +647,16 @@ def test_recall_is_rendered_whatever_shape_it_takes() -> None:
     assert len(as_objects) == 1 and [i.tier for i in as_objects[0].items] == ["recall", "recall"]
     bare = views.recall_groups(SimpleNamespace(recall=[m]))
     assert bare[0].query == "" and bare[0].items[0].content == "the recalled fact"
+    # A long message recalled as its matching sentences says so (not "head and tail").
+    cut = replace(
+        _message(8, "One. Two. Lena is in Oslo. Four."), truncated_content="[…] Lena is in Oslo. […]"
+    )
+    [item] = views.recall_groups(SimpleNamespace(recall=[cut]))[0].items
+    assert item.content == "[…] Lena is in Oslo. […]" and "excerpt" in item.note
+    assert (
+        "head and tail"
+        in views.message_item(replace(cut, truncated_content="On[truncated 9 chars]"), "recall").note
+    )
 
 
 def test_share_bars_follow_the_allocation() -> None:

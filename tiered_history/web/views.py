@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import CompressedContext, SearchHit, StoredMessage, Summary
+from ..core.excerpt import ELLIPSIS
 
 #: Tiers in the order the model reads them, with the labels the page shows.
 TIER_LABELS = {
@@ -91,7 +92,9 @@ def message_item(m: StoredMessage, tier: str) -> Item:
     notes = []
     if m.pinned:
         notes.append("pinned" + (f" as {m.pin_key!r}" if m.pin_key else ""))
-    if m.truncated_content is not None:
+    if m.truncated_content is not None and tier == "recall" and ELLIPSIS in m.truncated_content:
+        notes.append(f"excerpt: the sentences that match sent ({m.full_token_count} tokens stored)")
+    elif m.truncated_content is not None:
         notes.append(f"too long: head and tail sent ({m.full_token_count} tokens stored)")
     if m.name:
         notes.append(f"name {m.name}")
