@@ -751,3 +751,24 @@ async def test_a_new_window_start_leaves_no_topic_summary_out_while_there_is_roo
         assert ctx.historical_topics
         for t in left_out:
             assert request_tokens(ctx) + t.token_count + growth > budget, (t.first_sequence, ctx.tier_tokens)
+
+
+async def test_a_one_word_message_recalls_less_than_the_same_word_asked_explicitly() -> None:
+    """A newest message of one word is a weak query: in a short context it recalls within its
+    reserve and the timeline's summaries keep their room; the same word passed as ``query=`` is
+    taken as meant."""
+    async with compressor() as hc:
+        for k in range(3):
+            for i in range(8):
+                role = "user" if i % 2 == 0 else "assistant"
+                what = "the vans for depot" if (k, i % 4) == (0, 0) else f"the crates on shelf {k}"
+                text = f"topic {k} part {i}: {what} {k}{i} leave early " + words(f"t{k}x{i}", 12)
+                await hc.add_message(CID, Message(role=role, content=text, timestamp=ts(10 * k + i)))
+            await hc.seal_current_topic(CID)
+        await hc.add_message(CID, Message(role="user", content="Vans?", timestamp=ts(40)))
+        await hc.maintain(CID, now=ts(41))
+        implicit = await hc.get_context(CID, 1000)
+        explicit = await hc.get_context(CID, 1000, query="Vans?")
+        assert implicit.historical_topics or implicit.bulk_archives
+        assert explicit.tier_tokens["recall"] > implicit.tier_tokens["recall"] > 0
+        assert implicit.total_tokens <= 1000 and explicit.total_tokens <= 1000

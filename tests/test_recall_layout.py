@@ -225,6 +225,15 @@ def test_a_one_word_message_recalls_within_its_reserve_and_keeps_the_timelines_s
     assert strong.tier_tokens["recall"] > ctx.allocation["topic"]
     assert strong.tier_tokens["recall"] > ctx.tier_tokens["recall"]
     assert not strong.topic_summaries  # the strong query's matches took the summary's room
+    # A query the caller gave (get_context(query="Vans?")) is taken as meant, however short.
+    given = assemble(
+        conversation_id="c",
+        max_tokens=1000,
+        shares=SHARES,
+        counter=COUNTER,
+        rows=replace(weak, explicit=True),
+    )
+    assert given.tier_tokens["recall"] > ctx.allocation["topic"] and not given.topic_summaries
 
 
 def test_query_words_counts_unspaced_scripts_by_characters() -> None:

@@ -912,6 +912,7 @@ class ReplyPath:
             ),
             summarized_upto=state.summarized_upto,
             query=text,
+            explicit=query is not None,
             mark=state.window,
             epoch=state.epoch,
             growth=self._growth(state, max_tokens),

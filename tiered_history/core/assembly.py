@@ -99,6 +99,13 @@ class Recalled:
 #: for, but only within its reserve, not in place of the summaries of the whole timeline.
 STRONG_QUERY_WORDS = 2
 
+
+def _weak(rows: Rows) -> bool:
+    """The newest message is a weak query (see :data:`STRONG_QUERY_WORDS`); a query the caller
+    gave is taken as meant."""
+    return bool(rows.query) and not rows.explicit and query_words(rows.query) < STRONG_QUERY_WORDS
+
+
 #: A sealed topic holding at least this share of what recall found (its messages' and its
 #: summary's scores) is the one the newest message goes back to.
 RETURN_SHARE = 0.5
@@ -146,6 +153,8 @@ class Rows:
     """Unpinned messages not yet represented by a summary (for reporting omissions)."""
     summarized_upto: int = 0
     query: str = ""
+    explicit: bool = False
+    """``query`` was given by the caller (``get_context(query=...)``): recalled for however short."""
     mark: WindowMark | None = None
     """Where the window started when it was last chosen."""
     epoch: int = 0
@@ -533,7 +542,7 @@ def assemble(
             used,
             measure,
             shares.redistribute,
-            reserve if rows.query and query_words(rows.query) < STRONG_QUERY_WORDS else None,
+            reserve if _weak(rows) else None,
         )
 
     def widen(
