@@ -198,7 +198,10 @@ class StoredMessage:
     pinned: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
     truncated_content: str | None = None
-    """What the context shows instead of ``content`` when the message exceeds ``max_message_chars``."""
+    """What the context shows instead of ``content``: its head and tail when the message exceeds
+    ``max_message_chars`` (or the newest message alone exceeds the budget), or, for a recalled
+    message too long to fit whole, its sentences that match the query (``[…]`` where some were
+    left out). ``content`` is always the stored text."""
     extra: dict[str, Any] | None = None
     """Every other field the message carried, sent back unchanged (a non-string ``content`` too)."""
     pin_key: str | None = None
@@ -311,7 +314,8 @@ class CompressedContext:
     blocks: dict[str, str] = field(default_factory=dict)
     """The message content of the archives (``bulk``) and topic summaries (``topic``) blocks."""
     recalled: list[StoredMessage] = field(default_factory=list)
-    """Messages recalled for the newest message (whole tool units), oldest first."""
+    """Messages recalled for the newest message (whole tool units), oldest first; a long plain
+    message that did not fit whole as its matching sentences (see ``truncated_content``)."""
     recalled_summaries: list[Summary] = field(default_factory=list)
     """Summaries recalled for the newest message (shown in the recall note)."""
     recall_note: str = ""
