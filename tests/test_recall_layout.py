@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
 
 from tiered_history.core.assembly import Recalled, Rows, Shares, _Block, _recall, assemble, group_units
 from tiered_history.core.state import WindowMark
@@ -303,3 +306,34 @@ def test_a_tool_unit_is_never_cut_for_recall() -> None:
     )
     picked, _, _ = _recall(rows, [newest], _Block("topic"), _Block("bulk"), 200, measure)
     assert picked == []
+
+
+def test_excerpts_are_tried_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cutting a long text costs a split and a few counts: the best-scoring long matches get it,
+    not every candidate of a read."""
+    import tiered_history.core.assembly as assembly
+
+    # Each matching sentence alone is some 90 tokens: none fits the room left.
+    said = " ".join(f"the blue van {k} was repainted with care" for k in range(12)) + "."
+    long = [
+        message(i, f"{said} Then nothing else happened at all. {said}", "assistant") for i in range(1, 11)
+    ]
+    newest = message(20, "When was the blue van repainted?")
+    rows = Rows(
+        pinned=[],
+        recent=[*long, newest],
+        end_position=0,
+        recall=[Recalled(30.0 - i, messages=(m,)) for i, m in enumerate(long)],
+        query=newest.content,
+    )
+    calls: list[int] = []
+    real = assembly._excerpt
+
+    def counted(m: StoredMessage, *args: Any) -> StoredMessage | None:
+        calls.append(m.sequence)
+        return real(m, *args)
+
+    monkeypatch.setattr(assembly, "_excerpt", counted)
+    # Room for the note and a little more: no sentence of these answers fits.
+    picked, _, _ = _recall(rows, [newest], _Block("topic"), _Block("bulk"), 100, measure)
+    assert picked == [] and calls == [1, 2, 3, 4]

@@ -834,6 +834,7 @@ def _recall(
     # First what adds something new; then, in room still left, what repeats part of a pick (a
     # message of a recalled summary's topic keeps details the summary left out).
     terms: frozenset[str] | None = None
+    tries = EXCERPT_TRIES
     for distinct in (True, False):
         for k, (cand, cost) in enumerate(eligible):
             if done[k]:
@@ -842,7 +843,9 @@ def _recall(
             # A long match that does not fit may still fit as its best sentences (only as
             # something new: a repeat's excerpt would add little).
             whole = cost <= free
-            if not whole and (not distinct or free < EXCERPT_MIN_TOKENS or not _excerptable(cand)):
+            if not whole and (
+                not distinct or free < EXCERPT_MIN_TOKENS or not tries or not _excerptable(cand)
+            ):
                 continue
             if distinct and any(cand.first <= hi and lo <= cand.last for lo, hi in spans):
                 continue
@@ -851,6 +854,7 @@ def _recall(
             if not whole:
                 if terms is None:
                     terms = frozenset(g[0] for g in recall_query(rows.query).groups)
+                tries -= 1
                 cut = _excerpt(cand.messages[0], terms, free, measure)
                 if cut is None:
                     continue
@@ -883,6 +887,9 @@ def _recall(
 #: A matching message too long for the room recall has left is recalled as its sentences that
 #: match best (:mod:`.excerpt`), when at least this many tokens are left for them.
 EXCERPT_MIN_TOKENS = 32
+#: Excerpts tried at most per context (each splits and measures a long text): the best-scoring
+#: long matches get them.
+EXCERPT_TRIES = 4
 
 
 def _excerptable(cand: Recalled) -> bool:
