@@ -45,6 +45,10 @@ def test_the_best_matching_sentences_in_their_order_within_room() -> None:
     assert matching_sentences(text, frozenset({"zebra"}), cost, 40, 0.3) is None
     assert matching_sentences("One sentence with vault.", terms, cost, 40, 0.3) is None
     assert matching_sentences(text, terms, cost, 5, 0.3) is None  # not even one sentence fits
+    # Every sentence fits (the text has spaces at its ends the room did not): still an excerpt.
+    short = "  The vault is shut. The code is 7781.  \n\n"
+    found = matching_sentences(short, terms, cost, cost(short.strip()), 0.01)
+    assert found is not None and ELLIPSIS in found[0]
 
 
 @settings(max_examples=200, deadline=None)
@@ -64,7 +68,7 @@ def test_property_an_excerpt_fits_and_shows_only_matching_sentences_in_order(
     if found is None:
         return
     shown, n = found
-    assert n == cost(shown) <= room
+    assert n == cost(shown) <= room and ELLIPSIS in shown
     parts = sentences(text)
     pieces = [p.strip() for p in shown.split(ELLIPSIS) if p.strip()]
     at = 0

@@ -82,6 +82,8 @@ def matching_sentences(
         if estimate + extra <= room:
             taken.append(i)
             estimate += extra
+    if len(taken) == len(parts):
+        taken.pop()  # every sentence is the whole text (but for spaces at its ends): an excerpt omits
     while taken:
         shown = joined(text, where, sorted(taken))
         exact = cost(shown)
