@@ -44,7 +44,7 @@ from .budget import Allocation, allocate, check_max_tokens
 from .excerpt import matching_sentences
 from .framing import REPLY_PRIMING_TOKENS
 from .framing import TokenCounting as TokenCounter
-from .ranking import query_words, recall_query
+from .ranking import query_words, recall_terms
 from .render import day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
@@ -853,7 +853,7 @@ def _recall(
                 continue
             if not whole:
                 if terms is None:
-                    terms = frozenset(g[0] for g in recall_query(rows.query).groups)
+                    terms = recall_terms(rows.query)
                 tries -= 1
                 cut = _excerpt(cand.messages[0], terms, free, measure)
                 if cut is None:

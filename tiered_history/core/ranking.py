@@ -120,14 +120,16 @@ _UNSPACED_RE = re.compile(
 )
 
 
+def recall_terms(text: str) -> frozenset[str]:
+    """The words :func:`recall_query` looks for in ``text`` (each of its groups is one word)."""
+    return frozenset(w for (w,) in recall_query(text).groups)
+
+
 def query_words(text: str) -> int:
-    """About how many words ``text`` gives recall to look for: the distinct words
-    :func:`recall_query` keeps, a run of a script written without spaces counted as one word per
-    two of its characters (a Chinese sentence is one run: it asks as much as an English one)."""
-    n = 0
-    for (w,) in dict.fromkeys(recall_query(text).groups):
-        n += max(len(w) // 2, 1) if _UNSPACED_RE.search(w) else 1
-    return n
+    """About how many words ``text`` gives recall to look for: the words of :func:`recall_terms`,
+    a run of a script written without spaces counted as one word per two of its characters (a
+    Chinese sentence is one run: it asks as much as an English one)."""
+    return sum(max(len(w) // 2, 1) if _UNSPACED_RE.search(w) else 1 for w in recall_terms(text))
 
 
 #: Floor of a word's inverse document frequency (SQLite FTS5's): a word in half the documents or

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from ..models import StoredMessage
 from .assembly import Recalled
 from .excerpt import matching_sentences
-from .ranking import recall_query
+from .ranking import recall_terms
 from .render import date_range, escape
 
 #: The tool the bot's model calls; its result is :meth:`Recollection.text`.
@@ -113,7 +113,7 @@ def recollect(
     """
     chosen: list[Excerpt] = []
     spans: list[tuple[int, int]] = []
-    terms = frozenset(g[0] for g in recall_query(query).groups)
+    terms = recall_terms(query)
 
     def with_(e: Excerpt) -> list[Excerpt]:
         return sorted([*chosen, e], key=lambda x: x.first_sequence)
