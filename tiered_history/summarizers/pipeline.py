@@ -26,7 +26,7 @@ from ..core.render import item_line, render_summary
 from ..core.transitions import SummaryWrite
 from ..models import StoredMessage, Summary
 from ..tokens import TokenCounter, counter_for_encoding
-from .base import Spend, Summarizer, SummaryInput, SummaryPiece, spend_ledger
+from .base import Spend, Summarizer, SummaryInput, SummaryPiece, SummaryResult, spend_ledger
 from .extractive import ExtractiveSummarizer, speaker_label
 
 log = logging.getLogger("tiered_history")
@@ -244,12 +244,7 @@ class SummaryPipeline:
             result: Any = None
             with spend_ledger() as spent:
                 try:
-                    call = (
-                        self.summarizer.merge(pieces, target)
-                        if inputs is None
-                        else self.summarizer.merge(pieces, target, sources=inputs)  # type: ignore[call-arg]
-                    )
-                    result = await self._call(call)
+                    result = await self._call(_merge(self.summarizer, pieces, target, inputs))
                     error = self.acceptable(result.text, target)
                     if error is None and self.counter.count(result.text) >= source:
                         error = "archive is not smaller than the summaries it merges"
@@ -262,10 +257,7 @@ class SummaryPipeline:
                     error = describe(exc)
             spent = spend_of(spent, result)
             log.warning("summariser merge failed for %s: %s", items[0].conversation_id, error)
-        if inputs is not None and reads_sources(self.fallback):
-            fb = await self.fallback.merge(pieces, target, sources=inputs)  # type: ignore[call-arg]
-        else:
-            fb = await self.fallback.merge(pieces, target)
+        fb = await _merge(self.fallback, pieces, target, inputs)
         return self.write("bulk", fb.text, "final", span, result=fb, error=error, spent=spent)
 
 
@@ -277,6 +269,18 @@ def summary_inputs(messages: Sequence[StoredMessage]) -> list[SummaryInput]:
 def reads_sources(summarizer: object) -> bool:
     """Whether ``summarizer``'s ``merge`` takes ``sources=`` (it says so: ``reads_sources = True``)."""
     return bool(getattr(summarizer, "reads_sources", False))
+
+
+def _merge(
+    summarizer: Summarizer,
+    pieces: Sequence[SummaryPiece],
+    target: int,
+    inputs: Sequence[Sequence[SummaryInput] | None] | None,
+) -> Awaitable[SummaryResult]:
+    """``summarizer.merge``, handed the ``inputs`` only when it takes them."""
+    if inputs is not None and reads_sources(summarizer):
+        return summarizer.merge(pieces, target, sources=inputs)  # type: ignore[call-arg]
+    return summarizer.merge(pieces, target)
 
 
 def describe(exc: BaseException) -> str:
