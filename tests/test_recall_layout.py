@@ -239,6 +239,63 @@ def test_a_one_word_message_recalls_within_its_reserve_and_keeps_the_timelines_s
     assert given.tier_tokens["recall"] > ctx.allocation["topic"] and not given.topic_summaries
 
 
+def test_a_message_going_on_with_the_window_recalls_within_its_reserve() -> None:
+    """A newest message most of whose words the window holds already (the conversation it goes
+    on with) is a weak query too: in a short context it recalls within its reserve and the
+    earlier topic's summary stays. The same question after a window that does not hold its
+    words goes back to the past: its matches take the room first."""
+    rows = _small_topic_after_a_long_one()
+    question = "Which van leaves for which depot?"
+    said = message(61, "The van for depot four leaves at five; the other van leaves later.", "assistant")
+    going_on = replace(rows, recent=[*rows.recent[:60], said, rows.recent[61]], query=question)
+    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=going_on)
+    assert [m.sequence for m in ctx.current_topic] == [61, 62]
+    assert [t.id for t in ctx.topic_summaries] == [100]
+    assert ctx.tier_tokens["recall"] > 0  # within its reserve first, then in the room left
+    assert ctx.total_tokens <= 1000
+    back_rows = replace(rows, query=question)
+    back = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=back_rows)
+    assert back.tier_tokens["recall"] > ctx.allocation["topic"] and not back.topic_summaries
+    # The newest message's own words do not count: alone in the window, it goes back to the past.
+    asked = "Van depot van depot?"
+    alone = replace(rows, recent=[*rows.recent[:61], message(62, asked)], query=asked)
+    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=alone)
+    assert ctx.tier_tokens["recall"] > ctx.allocation["topic"] and not ctx.topic_summaries
+    # A query the caller gave is taken as meant.
+    given = assemble(
+        conversation_id="c",
+        max_tokens=1000,
+        shares=SHARES,
+        counter=COUNTER,
+        rows=replace(going_on, explicit=True),
+    )
+    assert given.tier_tokens["recall"] > ctx.allocation["topic"] and not given.topic_summaries
+
+
+def test_a_question_answered_already_recalls_within_its_reserve() -> None:
+    """When the newest message is the assistant's answer (a context read before the user speaks
+    again), the user message recall looks for has been answered: recall keeps to its reserve
+    and the timeline's summaries stay. An answer that calls a tool is still answering it."""
+    rows = _small_topic_after_a_long_one()
+    question = "Which van leaves for which depot?"
+    answer = message(63, "Noted, I will check.", "assistant")
+    answered = replace(rows, recent=[*rows.recent, answer], query=question)
+    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=answered)
+    assert [t.id for t in ctx.topic_summaries] == [100]
+    assert ctx.tier_tokens["recall"] > 0
+    assert ctx.total_tokens <= 1000
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    calling = replace(answer, tool_calls=[call])
+    working = assemble(
+        conversation_id="c",
+        max_tokens=1000,
+        shares=SHARES,
+        counter=COUNTER,
+        rows=replace(answered, recent=[*rows.recent, calling]),
+    )
+    assert working.tier_tokens["recall"] > ctx.allocation["topic"] and not working.topic_summaries
+
+
 def test_query_words_counts_unspaced_scripts_by_characters() -> None:
     from tiered_history.core.ranking import query_words
 

@@ -44,7 +44,7 @@ from .budget import Allocation, allocate, check_max_tokens
 from .excerpt import matching_sentences
 from .framing import REPLY_PRIMING_TOKENS
 from .framing import TokenCounting as TokenCounter
-from .ranking import query_words, recall_terms
+from .ranking import query_words, recall_terms, words
 from .render import day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
@@ -100,10 +100,41 @@ class Recalled:
 STRONG_QUERY_WORDS = 2
 
 
-def _weak(rows: Rows) -> bool:
-    """The newest message is a weak query (see :data:`STRONG_QUERY_WORDS`); a query the caller
+#: A newest message at least this share of whose recall words the window already holds (in the
+#: messages before it) goes on with the conversation in the window rather than back to an earlier
+#: one: a weak query too. A question about the past brings words the present does not hold.
+CONTINUES_SHARE = 0.5
+
+
+def _weak(rows: Rows, window: Sequence[StoredMessage] = ()) -> bool:
+    """What recall looks for (the newest user message) is a weak query: it gives recall too few
+    words (see :data:`STRONG_QUERY_WORDS`), or mostly words the ``window`` holds already (see
+    :data:`CONTINUES_SHARE`), or it has been answered (the newest message is an assistant's
+    reply that calls no tool: the next turn is not that message's answer). A query the caller
     gave is taken as meant."""
-    return bool(rows.query) and not rows.explicit and query_words(rows.query) < STRONG_QUERY_WORDS
+    if not rows.query or rows.explicit:
+        return False
+    newest = rows.recent[-1] if rows.recent else None
+    if newest is not None and newest.role == "assistant" and not newest.tool_calls:
+        return True
+    return query_words(rows.query) < STRONG_QUERY_WORDS or _continues(rows.query, window)
+
+
+def _continues(query: str, window: Sequence[StoredMessage]) -> bool:
+    """Whether at least :data:`CONTINUES_SHARE` of the recall words of ``query`` (the newest user
+    message) occur in the ``window``'s messages other than that one."""
+    terms = recall_terms(query)
+    if not terms:
+        return False
+    rest = list(window)
+    for i in range(len(rest) - 1, -1, -1):  # the query is the newest user message: not counted
+        if rest[i].role == "user" and rest[i].content == query:
+            del rest[i]
+            break
+    held: set[str] = set()
+    for m in rest:
+        held.update(words(m.content))
+    return len(terms & held) >= CONTINUES_SHARE * len(terms)
 
 
 #: A sealed topic holding at least this share of what recall found (its messages' and its
@@ -542,7 +573,7 @@ def assemble(
             used,
             measure,
             shares.redistribute,
-            reserve if _weak(rows) else None,
+            reserve if _weak(rows, [m for u in units[at_share:] for m in u]) else None,
         )
 
     def widen(
