@@ -20,6 +20,7 @@ STEPS: list[list[str]] = [
     ["bench.boundaries", "--out", str(DOC)],
     ["bench.retention", "--out", str(DOC)],
     ["bench.retention", "--only", "prefix", "--prefix-data", "chat", "--out", str(DOC)],
+    ["bench.chat_facts", "--out", str(DOC)],
     ["bench.llm_cost", "--out", str(DOC)],
     ["bench.inspector", "--messages", "100000", "--out", str(DOC)],
     ["bench.startup", "--out", str(DOC)],

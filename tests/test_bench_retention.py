@@ -13,7 +13,7 @@ import pytest
 
 from bench.retention import __main__ as cli
 from bench.retention import api, bm25, prefix, replay, systems
-from bench.retention.data import Meeting, load_meeting
+from bench.retention.data import Meeting, content_words, load_meeting
 
 FILLER = ["budget", "remote", "control", "battery", "design", "market", "button", "colour", "price", "wheel"]
 # Words that appear in exactly one stretch of the meeting, so a query about them has evidence there.
@@ -298,3 +298,24 @@ def test_variants_merge_recall_settings(monkeypatch: pytest.MonkeyPatch) -> None
         "recall": {"enabled": True, "share": 0.4}
     }
     assert systems.variant(recall_on=False) == {"recall": {"enabled": False}}
+
+
+def test_chat_facts_plants_facts_in_sessions_and_scores_every_system(tmp_path: Path) -> None:
+    from bench import chat_facts
+
+    _write_tiage(tmp_path, 12, 8)
+    chat = chat_facts.build_chat(tmp_path, prefix.CHAT_FILE, 1, 90, 4)
+    assert len(chat.queries) == 4
+    assert [t.role for t in chat.turns[:4]] == ["user", "assistant"] * 2
+    for q in chat.queries:
+        said = chat.turns[q.turns[0]]
+        assert said.role == "user" and q.words and q.words == content_words(said.content)
+        assert chat.turns[q.turns[0] + 1].content == "got it , i will keep that in mind ."
+    assert chat_facts.build_chat(tmp_path, prefix.CHAT_FILE, 1, 90, 4) == chat  # fixed seed
+    doc = tmp_path / "benchmarks.md"
+    argv = ["--data", str(tmp_path), "--chats", "1", "--turns", "90", "--facts", "4", "--budgets", "1000"]
+    chat_facts.main([*argv, "--jobs", "1", "--out", str(doc)])
+    text = doc.read_text(encoding="utf-8")
+    assert "<!-- chat_facts:begin -->" in text and "4 planted facts" in text
+    row = next(line for line in text.splitlines() if line.startswith(f"| {systems.OURS_RECALL} |"))
+    assert float(row.split("|")[2]) > 50  # asked about, each fact is found

@@ -213,10 +213,13 @@ def pydantic_messages(turns: Sequence[Turn]) -> list[Any]:
 
 
 def pydantic_request(turn: Turn) -> Any:
-    from pydantic_ai.messages import ModelRequest, UserPromptPart
+    """A meeting turn (or a chat's user turn) as a request; a chat's assistant turn as a response."""
+    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
-    part = UserPromptPart(content=f"{turn.name}: {turn.content}", timestamp=turn.timestamp)
-    return ModelRequest(parts=[part])
+    if turn.role == "assistant":
+        return ModelResponse(parts=[TextPart(content=turn.content)], timestamp=turn.timestamp)
+    text = f"{turn.name}: {turn.content}" if turn.name else turn.content
+    return ModelRequest(parts=[UserPromptPart(content=text, timestamp=turn.timestamp)])
 
 
 def pydantic_generated(messages: Sequence[dict[str, Any]]) -> list[Any]:

@@ -121,7 +121,7 @@ class Ours:
         self._cost: peers.Cost | None = None
 
     async def add(self, turn: Turn) -> None:
-        msg = {"role": "user", "content": turn.content, "name": turn.name, "timestamp": turn.timestamp}
+        msg = {**turn.openai(), "timestamp": turn.timestamp}
         await self.h.add_message(CONVERSATION, msg)
         self.n += 1
         self.last = turn.timestamp
