@@ -272,10 +272,11 @@ def test_a_message_going_on_with_the_window_recalls_within_its_reserve() -> None
     assert given.tier_tokens["recall"] > ctx.allocation["topic"] and not given.topic_summaries
 
 
-def test_a_question_answered_already_recalls_within_its_reserve() -> None:
+def test_a_question_answered_already_recalls_only_into_room_left() -> None:
     """When the newest message is the assistant's answer (a context read before the user speaks
-    again), the user message recall looks for has been answered: recall keeps to its reserve
-    and the timeline's summaries stay. An answer that calls a tool is still answering it."""
+    again), the user message recall looks for has been answered: recall takes no room first,
+    only what the summaries and the window leave, and the timeline's summaries stay. An answer
+    that calls a tool is still answering it."""
     rows = _small_topic_after_a_long_one()
     question = "Which van leaves for which depot?"
     answer = message(63, "Noted, I will check.", "assistant")

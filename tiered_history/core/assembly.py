@@ -106,18 +106,21 @@ STRONG_QUERY_WORDS = 2
 CONTINUES_SHARE = 0.5
 
 
-def _weak(rows: Rows, window: Sequence[StoredMessage] = ()) -> bool:
-    """What recall looks for (the newest user message) is a weak query: it gives recall too few
-    words (see :data:`STRONG_QUERY_WORDS`), or mostly words the ``window`` holds already (see
-    :data:`CONTINUES_SHARE`), or it has been answered (the newest message is an assistant's
-    reply that calls no tool: the next turn is not that message's answer). A query the caller
-    gave is taken as meant."""
+def _first_recall(rows: Rows, window: Sequence[StoredMessage], reserve: int) -> int | None:
+    """How much room recall's first pass may take in a short context: ``None`` for as much as
+    is free; ``reserve`` for a weak query (too few words, see :data:`STRONG_QUERY_WORDS`, or
+    mostly words the ``window`` holds already, see :data:`CONTINUES_SHARE`); none at all once
+    the message has been answered (the newest message is an assistant's reply calling no tool:
+    the next turn is not that message's answer). Room nothing else takes still goes to recall.
+    A query the caller gave is taken as meant."""
     if not rows.query or rows.explicit:
-        return False
+        return None
     newest = rows.recent[-1] if rows.recent else None
     if newest is not None and newest.role == "assistant" and not newest.tool_calls:
-        return True
-    return query_words(rows.query) < STRONG_QUERY_WORDS or _continues(rows.query, window)
+        return 0
+    if query_words(rows.query) < STRONG_QUERY_WORDS or _continues(rows.query, window):
+        return reserve
+    return None
 
 
 def _continues(query: str, window: Sequence[StoredMessage]) -> bool:
@@ -573,7 +576,7 @@ def assemble(
             used,
             measure,
             shares.redistribute,
-            reserve if _weak(rows, [m for u in units[at_share:] for m in u]) else None,
+            _first_recall(rows, [m for u in units[at_share:] for m in u], reserve),
         )
 
     def widen(
@@ -656,13 +659,13 @@ def _relevance_layout(
     used: int,
     measure: Measure,
     redistribute: bool,
-    weak: int | None = None,
+    first_room: int | None = None,
 ) -> CompressedContext:
     """A context too short for a provider to cache, laid out for relevance alone.
 
     The window takes its share; recall comes first in the topic tier (what matches the newest
     message wins over what is merely recent) and, when redistributing, in what the window and the
-    archives leave of theirs (for a weak query, only its reserve ``weak``); topic summaries fill
+    archives leave of theirs (at most ``first_room``, see :func:`_first_recall`); topic summaries fill
     what recall leaves; then the window reaches back over what is left, swapping the newest
     summaries back for their messages while they fit; room still left (whole items rarely fill it
     exactly) goes to more recall.
@@ -675,8 +678,8 @@ def _relevance_layout(
     # room the window and the archives leave (only the topic tier's share without redistributing).
     free = avail - suffix[chosen] - archives.tokens
     room = free if redistribute else min(alloc.topics, free)
-    if weak is not None:
-        room = min(room, weak)
+    if first_room is not None:
+        room = min(room, first_room)
     recalled, note, note_tokens = _recall(rows, window, _Block("topic"), archives, room, measure)
     spent = note_tokens + sum(_cost(c.messages) for c in recalled)
     taken = {c.summary.id for c in recalled if c.summary is not None}
