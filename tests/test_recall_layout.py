@@ -272,6 +272,18 @@ def test_a_message_going_on_with_the_window_recalls_within_its_reserve() -> None
     assert given.tier_tokens["recall"] > ctx.allocation["topic"] and not given.topic_summaries
 
 
+def test_going_on_counts_whole_words_of_the_other_messages() -> None:
+    from tiered_history.core.assembly import _continues
+
+    asked = "Which VAN leaves for the depot?"  # recall words: van, leaves, depot
+    said = [message(1, "The vans' DEPOT-4 opens at five.", "assistant"), message(2, asked)]
+    assert not _continues(asked, said)  # "depot" only: "vans" is not "van"; the question is not counted
+    said[0] = message(1, "Every van: depot 4, leaves at five.", "assistant")
+    assert _continues(asked, said)
+    assert _continues("Zürich depot van?", [message(1, "ZÜRICH depot"), message(2, "Zürich depot van?")])
+    assert not _continues("?!", said)  # no recall word at all
+
+
 def test_a_question_answered_already_recalls_only_into_room_left() -> None:
     """When the newest message is the assistant's answer (a context read before the user speaks
     again), the user message recall looks for has been answered: recall takes no room first,

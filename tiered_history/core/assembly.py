@@ -44,7 +44,7 @@ from .budget import Allocation, allocate, check_max_tokens
 from .excerpt import matching_sentences
 from .framing import REPLY_PRIMING_TOKENS
 from .framing import TokenCounting as TokenCounter
-from .ranking import query_words, recall_terms, words
+from .ranking import occurrences, query_words, recall_terms
 from .render import day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
@@ -134,10 +134,10 @@ def _continues(query: str, window: Sequence[StoredMessage]) -> bool:
         if rest[i].role == "user" and rest[i].content == query:
             del rest[i]
             break
-    held: set[str] = set()
-    for m in rest:
-        held.update(words(m.content))
-    return len(terms & held) >= CONTINUES_SHARE * len(terms)
+    # Each word looked up in the window's text (lower-cased once), not the text split into words.
+    count = occurrences("\n".join([m.content for m in rest]))
+    held = sum(1 for t in terms if count((t,)))
+    return held >= CONTINUES_SHARE * len(terms)
 
 
 #: A sealed topic holding at least this share of what recall found (its messages' and its
