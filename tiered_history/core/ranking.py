@@ -24,7 +24,8 @@ from dataclasses import dataclass
 _WORD_RE = re.compile(r"[^\W_]+")
 K1 = 1.2
 B = 0.75
-#: Words in one query at most: a recall query keeps the rarest-looking ones.
+#: Words in one query at most: a recall query keeps the first ones, the newest message's before the
+#: open topic's (keeping the longest 12 or 24 instead measured the same on QMSum).
 MAX_QUERY_WORDS = 24
 
 # Words that say nothing about what a message is about (a recall query drops them).
