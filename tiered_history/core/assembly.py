@@ -576,7 +576,7 @@ def assemble(
             used,
             measure,
             shares.redistribute,
-            _first_recall(rows, [m for u in units[at_share:] for m in u], reserve),
+            reserve,
         )
 
     def widen(
@@ -659,16 +659,16 @@ def _relevance_layout(
     used: int,
     measure: Measure,
     redistribute: bool,
-    first_room: int | None = None,
+    reserve: int,
 ) -> CompressedContext:
     """A context too short for a provider to cache, laid out for relevance alone.
 
     The window takes its share; recall comes first in the topic tier (what matches the newest
     message wins over what is merely recent) and, when redistributing, in what the window and the
-    archives leave of theirs (at most ``first_room``, see :func:`_first_recall`); topic summaries fill
-    what recall leaves; then the window reaches back over what is left, swapping the newest
-    summaries back for their messages while they fit; room still left (whole items rarely fill it
-    exactly) goes to more recall.
+    archives leave of theirs (a weak query at most its ``reserve``, an answered one none: see
+    :func:`_first_recall`); topic summaries fill what recall leaves; then the window reaches back
+    over what is left, swapping the newest summaries back for their messages while they fit; room
+    still left (whole items rarely fill it exactly) goes to more recall.
     """
     chosen = at_share
     if suffix[chosen] + archives.tokens > avail:
@@ -678,8 +678,9 @@ def _relevance_layout(
     # room the window and the archives leave (only the topic tier's share without redistributing).
     free = avail - suffix[chosen] - archives.tokens
     room = free if redistribute else min(alloc.topics, free)
-    if first_room is not None:
-        room = min(room, first_room)
+    first = _first_recall(rows, window, reserve)
+    if first is not None:
+        room = min(room, first)
     recalled, note, note_tokens = _recall(rows, window, _Block("topic"), archives, room, measure)
     spent = note_tokens + sum(_cost(c.messages) for c in recalled)
     taken = {c.summary.id for c in recalled if c.summary is not None}
