@@ -204,8 +204,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     log(f"chat facts: {len(jobs)} chats of {args.turns} turns, budgets {budgets}")
     with ProcessPoolExecutor(args.jobs) as ex:
         results = list(ex.map(run_chat, jobs))
-    command = "python -m bench.chat_facts" + (
-        "" if args.budgets == "1000,2000,4000" else f" --budgets {args.budgets}"
+    # Options that change the figures, as given when not their defaults.
+    command = "python -m bench.chat_facts" + "".join(
+        f" --{name} {getattr(args, name)}"
+        for name in ("budgets", "turns", "facts", "chats")
+        if getattr(args, name) != p.get_default(name)
     )
     md = render(results, budgets, command)
     if args.out:

@@ -317,5 +317,6 @@ def test_chat_facts_plants_facts_in_sessions_and_scores_every_system(tmp_path: P
     chat_facts.main([*argv, "--jobs", "1", "--out", str(doc)])
     text = doc.read_text(encoding="utf-8")
     assert "<!-- chat_facts:begin -->" in text and "4 planted facts" in text
+    assert "`python -m bench.chat_facts --budgets 1000 --turns 90 --facts 4 --chats 1`" in text
     row = next(line for line in text.splitlines() if line.startswith(f"| {systems.OURS_RECALL} |"))
     assert float(row.split("|")[2]) > 50  # asked about, each fact is found
