@@ -63,12 +63,22 @@ def _small_topic_after_a_long_one() -> Rows:
     )
 
 
+def _at_1k(rows: Rows) -> CompressedContext:
+    """The short context (relevance layout) of ``rows`` at 1,000 tokens."""
+    return assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=rows)
+
+
+def _recall_took_the_room(ctx: CompressedContext) -> bool:
+    """Recall's matches took more than the topic tier's share, the earlier topic's summary's room too."""
+    return ctx.tier_tokens["recall"] > ctx.allocation["topic"] and not ctx.topic_summaries
+
+
 def test_at_a_small_budget_room_the_window_and_summaries_leave_goes_to_recall() -> None:
     """The open topic is two messages and the rest is summarised: the room the window leaves goes
     to what matches the newest message (not only the topic tier's share of it), ahead of the
     summary, which is merely recent."""
     rows = _small_topic_after_a_long_one()
-    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=rows)
+    ctx = _at_1k(rows)
     assert ctx.current_topic[-1].sequence == 62
     assert ctx.tier_tokens["recall"] > ctx.allocation["topic"]
     assert ctx.tier_tokens["current"] < ctx.allocation["current"] // 2
@@ -214,29 +224,16 @@ def test_a_one_word_message_recalls_within_its_reserve_and_keeps_the_timelines_s
     ordinary question) take the room first, as above."""
     rows = _small_topic_after_a_long_one()
     weak = replace(rows, query="Vans?")
-    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=weak)
+    ctx = _at_1k(weak)
     assert [t.id for t in ctx.topic_summaries] == [100]
     assert ctx.tier_tokens["recall"] > 0
     assert ctx.total_tokens <= 1000
-    strong = assemble(
-        conversation_id="c",
-        max_tokens=1000,
-        shares=SHARES,
-        counter=COUNTER,
-        rows=replace(rows, query="Which van leaves for which depot?"),
-    )
+    strong = _at_1k(replace(rows, query="Which van leaves for which depot?"))
     assert strong.tier_tokens["recall"] > ctx.allocation["topic"]
     assert strong.tier_tokens["recall"] > ctx.tier_tokens["recall"]
     assert not strong.topic_summaries  # the strong query's matches took the summary's room
     # A query the caller gave (get_context(query="Vans?")) is taken as meant, however short.
-    given = assemble(
-        conversation_id="c",
-        max_tokens=1000,
-        shares=SHARES,
-        counter=COUNTER,
-        rows=replace(weak, explicit=True),
-    )
-    assert given.tier_tokens["recall"] > ctx.allocation["topic"] and not given.topic_summaries
+    assert _recall_took_the_room(_at_1k(replace(weak, explicit=True)))
 
 
 def test_a_message_going_on_with_the_window_recalls_within_its_reserve() -> None:
@@ -248,28 +245,18 @@ def test_a_message_going_on_with_the_window_recalls_within_its_reserve() -> None
     question = "Which van leaves for which depot?"
     said = message(61, "The van for depot four leaves at five; the other van leaves later.", "assistant")
     going_on = replace(rows, recent=[*rows.recent[:60], said, rows.recent[61]], query=question)
-    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=going_on)
+    ctx = _at_1k(going_on)
     assert [m.sequence for m in ctx.current_topic] == [61, 62]
     assert [t.id for t in ctx.topic_summaries] == [100]
     assert ctx.tier_tokens["recall"] > 0  # within its reserve first, then in the room left
     assert ctx.total_tokens <= 1000
-    back_rows = replace(rows, query=question)
-    back = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=back_rows)
-    assert back.tier_tokens["recall"] > ctx.allocation["topic"] and not back.topic_summaries
+    assert _recall_took_the_room(_at_1k(replace(rows, query=question)))
     # The newest message's own words do not count: alone in the window, it goes back to the past.
     asked = "Van depot van depot?"
     alone = replace(rows, recent=[*rows.recent[:61], message(62, asked)], query=asked)
-    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=alone)
-    assert ctx.tier_tokens["recall"] > ctx.allocation["topic"] and not ctx.topic_summaries
+    assert _recall_took_the_room(_at_1k(alone))
     # A query the caller gave is taken as meant.
-    given = assemble(
-        conversation_id="c",
-        max_tokens=1000,
-        shares=SHARES,
-        counter=COUNTER,
-        rows=replace(going_on, explicit=True),
-    )
-    assert given.tier_tokens["recall"] > ctx.allocation["topic"] and not given.topic_summaries
+    assert _recall_took_the_room(_at_1k(replace(going_on, explicit=True)))
 
 
 def test_going_on_counts_whole_words_of_the_other_messages() -> None:
@@ -293,20 +280,13 @@ def test_a_question_answered_already_recalls_only_into_room_left() -> None:
     question = "Which van leaves for which depot?"
     answer = message(63, "Noted, I will check.", "assistant")
     answered = replace(rows, recent=[*rows.recent, answer], query=question)
-    ctx = assemble(conversation_id="c", max_tokens=1000, shares=SHARES, counter=COUNTER, rows=answered)
+    ctx = _at_1k(answered)
     assert [t.id for t in ctx.topic_summaries] == [100]
     assert ctx.tier_tokens["recall"] > 0
     assert ctx.total_tokens <= 1000
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     calling = replace(answer, tool_calls=[call])
-    working = assemble(
-        conversation_id="c",
-        max_tokens=1000,
-        shares=SHARES,
-        counter=COUNTER,
-        rows=replace(answered, recent=[*rows.recent, calling]),
-    )
-    assert working.tier_tokens["recall"] > ctx.allocation["topic"] and not working.topic_summaries
+    assert _recall_took_the_room(_at_1k(replace(answered, recent=[*rows.recent, calling])))
 
 
 def test_query_words_counts_unspaced_scripts_by_characters() -> None:
