@@ -25,6 +25,7 @@ from .core.budget import (
     EscalationBudget,
     check_max_tokens,
     escalation_budget,
+    summary_shares,
     topic_size_limit,
 )
 from .core.phrases import phrases_for
@@ -307,14 +308,24 @@ class ReplyPath:
     def plan_for(self, state: ConversationState) -> EscalationBudget:
         """What maintenance plans against for this conversation: its budget's shares and targets."""
         s = self.settings
-        return escalation_budget(
-            state.budget or s.context_budget,
+        budget = state.budget or s.context_budget
+        # Below cache_min_tokens the archives may hold the topic tier's stable room (summary_shares).
+        topics, bulk, recall = summary_shares(
             s.tiers.topic_summaries,
             s.tiers.bulk_archives,
+            self.shares.recall,
+            budget,
+            s.cache_min_tokens,
+            s.redistribute_unused,
+        )
+        return escalation_budget(
+            budget,
+            topics,
+            bulk,
             s.topic_summary_tokens,
             s.bulk_summary_tokens,
             s.bulk_merge_size,
-            recall_share=self.shares.recall,
+            recall_share=recall,
             reference_budget=s.context_budget,
             current_share=s.tiers.current_topic,
         )

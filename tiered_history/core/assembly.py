@@ -40,7 +40,7 @@ from itertools import pairwise
 
 from ..errors import BudgetTooSmallError
 from ..models import CompressedContext, StoredMessage, Summary
-from .budget import Allocation, allocate, check_max_tokens
+from .budget import Allocation, allocate, check_max_tokens, summary_shares
 from .excerpt import matching_sentences
 from .framing import REPLY_PRIMING_TOKENS
 from .framing import TokenCounting as TokenCounter
@@ -66,6 +66,15 @@ class Shares:
     cache_min: int = 2048
     """Below this budget the layout is chosen for relevance alone: providers do not cache prompts
     that short (OpenAI from 1,024 tokens, Anthropic and Gemini from 1,024 to 4,096 by model)."""
+
+    def at(self, max_tokens: int) -> Shares:
+        """The shares a context of ``max_tokens`` is laid out with (see :func:`~.budget.summary_shares`)."""
+        topics, bulk, recall = summary_shares(
+            self.topics, self.bulk, self.recall, max_tokens, self.cache_min, self.redistribute
+        )
+        if (topics, bulk, recall) == (self.topics, self.bulk, self.recall):
+            return self
+        return replace(self, topics=topics, bulk=bulk, recall=recall)
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,7 +418,9 @@ def assemble(
         )
     used += pinned_cost
     avail = max_tokens - used
-    alloc = allocate(avail, shares.current, shares.topics, shares.bulk)
+    alloc = allocate(avail, shares.current, shares.topics, shares.bulk)  # what the context reports
+    shares = shares.at(max_tokens)
+    held = allocate(avail, shares.current, shares.topics, shares.bulk)  # what the tiers hold
     units = group_units(rows.recent)
 
     if not units:
@@ -454,9 +465,9 @@ def assemble(
         )
 
     # Kept whether or not this turn recalls anything, so the window does not move with the query.
-    reserve = int(alloc.topics * shares.recall)
-    bulk_limit = alloc.bulk
-    topic_limit = alloc.topics - reserve
+    reserve = int(held.topics * shares.recall)
+    bulk_limit = held.bulk
+    topic_limit = held.topics - reserve
     all_archives = _fill("bulk", list(reversed(rows.archives)), bulk_limit, measure)
 
     suffix = [0] * (len(units) + 1)

@@ -37,6 +37,29 @@ def allocate(available: int, current: float, topics: float, bulk: float) -> Allo
     return Allocation(int(available * current), int(available * topics), int(available * bulk))
 
 
+def summary_shares(
+    topics: float, bulk: float, recall: float, budget: int, cache_min: int, pooled: bool = True
+) -> tuple[float, float, float]:
+    """The topic share, the bulk share and the recall part of the topic share that a context of
+    ``budget`` tokens is laid out (and maintenance plans) with: its room, not its allocation (a
+    context reports the configured shares).
+
+    From ``cache_min`` on, or without ``pooled`` (``redistribute_unused``), as configured. Below it
+    (the relevance layout, which no provider caches) the topic tier keeps its recall part, and the
+    room of its stable part is given to the archives: topic summaries are merged into archives as
+    soon as they leave the window, and the archives, rolled up from the messages of the whole
+    timeline, fill that room. At these sizes a topic
+    summary each for the last few topics spent most of the summaries' room on the newest stretch;
+    one choice across the whole past keeps what later turns ask about (QMSum static retention at
+    1k / 2k 30.0 / 50.9 -> 34.3 / 52.9 %, long chats 46.8 / 81.0 -> 58.4 / 86.5 %, query retention
+    unchanged: docs/benchmarks.md). With recall off, the whole topic share goes to the archives.
+    """
+    if budget >= cache_min or not pooled:
+        return topics, bulk, recall
+    kept = topics * recall
+    return kept, bulk + (topics - kept), 1.0 if kept > 0 else 0.0
+
+
 def topic_size_limit(context_budget: int, current_share: float, threshold: float) -> int:
     """Tokens at which an open topic is sealed: ``threshold`` of the current topic's allocation."""
     return int((context_budget - REPLY_PRIMING_TOKENS) * current_share * threshold)

@@ -1,0 +1,93 @@
+"""Below ``cache_min_tokens`` the archives may hold the topic tier's stable room (its share less the
+recall part): the layout, and maintenance's plan, of a context no provider caches."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tiered_history import HistoryCompressor
+from tiered_history.core.assembly import Rows, Shares, assemble
+from tiered_history.core.budget import summary_shares
+from tiered_history.models import CompressedContext, StoredMessage, Summary
+from tiered_history.tokens import TokenCounter
+
+COUNTER = TokenCounter()
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+
+
+def test_the_topic_tiers_stable_part_goes_to_the_archives_only_below_cache_min() -> None:
+    below = summary_shares(0.3, 0.2, 0.4, 1000, 2048)
+    assert below == pytest.approx((0.12, 0.38, 1.0))
+    # Recall off: the whole topic share goes to the archives.
+    assert summary_shares(0.3, 0.2, 0.0, 1000, 2048) == pytest.approx((0.0, 0.5, 0.0))
+    # From cache_min on, and without redistribute_unused, the shares as configured.
+    assert summary_shares(0.3, 0.2, 0.4, 2048, 2048) == (0.3, 0.2, 0.4)
+    assert summary_shares(0.3, 0.2, 0.4, 1000, 2048, pooled=False) == (0.3, 0.2, 0.4)
+
+
+def _message(seq: int, text: str, role: str = "user") -> StoredMessage:
+    n = COUNTER.message_tokens({"role": role, "content": text})
+    return StoredMessage("c", seq, role, text, T0 + timedelta(minutes=seq), n, n)  # type: ignore[arg-type]
+
+
+def _archive(i: int, first: int, last: int) -> Summary:
+    text = f"User: depot {i} sends van {i} north at {i % 12 + 1} o'clock with {i * 7} crates of pears."
+    n = COUNTER.count(text) + 12
+    return Summary(i, "c", "bulk", i, first, last, text, text, n, n * 6, T0, T0, "summarized")  # type: ignore[arg-type]
+
+
+def _rows() -> Rows:
+    """Forty archives of ten messages each, then a short open topic (no recall candidates)."""
+    archives = [_archive(i, 10 * i + 1, 10 * i + 10) for i in range(40)]
+    recent = [_message(401, "Morning."), _message(402, "Good morning.", "assistant")]
+    return Rows(
+        pinned=[],
+        recent=recent,
+        end_position=sum(m.token_count for m in recent),
+        archives=archives,
+        summarized_upto=400,
+    )
+
+
+def _context(max_tokens: int, redistribute: bool = True) -> CompressedContext:
+    shares = Shares(0.5, 0.3, 0.2, redistribute=redistribute)
+    return assemble(conversation_id="c", max_tokens=max_tokens, shares=shares, counter=COUNTER, rows=_rows())
+
+
+def test_below_cache_min_archives_fill_the_topic_tiers_stable_room() -> None:
+    ctx = _context(1000)
+    avail = 1000 - 3
+    # The context reports the configured shares...
+    configured = {"current": int(avail * 0.5), "topic": int(avail * 0.3), "bulk": int(avail * 0.2)}
+    assert ctx.allocation == configured
+    # ...and the archives take the bulk share and the topic tier's share less its recall part.
+    assert ctx.allocation["bulk"] < ctx.tier_tokens["bulk"] <= int(avail * (0.2 + 0.3 * (1 - 0.4)))
+    assert ctx.total_tokens <= 1000
+
+
+def test_without_redistributing_or_from_cache_min_on_the_layout_has_the_shares_configured() -> None:
+    kept = _context(1000, redistribute=False)
+    assert 0 < kept.tier_tokens["bulk"] <= kept.allocation["bulk"]
+    shares = Shares(0.5, 0.3, 0.2)
+    assert shares.at(2048) is shares and shares.at(8000) is shares
+    assert shares.at(1000) == Shares(0.5, pytest.approx(0.12), pytest.approx(0.38), recall=1.0)
+
+
+async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() -> None:
+    async with (
+        HistoryCompressor("memory://", context_budget=1000) as small,
+        HistoryCompressor("memory://", context_budget=4000) as large,
+    ):
+        for hc in (small, large):
+            await hc.add_message("c", {"role": "user", "content": "hello"})
+        small_state = await small.store.state("c")
+        large_state = await large.store.state("c")
+        assert small_state is not None and large_state is not None
+        tight, roomy = small.reply.plan_for(small_state), large.reply.plan_for(large_state)
+    # 997 tokens: the bulk share (199) and 60 % of the topic share (179), less a block's overhead.
+    assert tight.bulk_share == int(997 * 0.38) - 32
+    assert tight.topic_share == 0  # topic summaries are merged as soon as they leave the window
+    assert roomy.bulk_share == int(3997 * 0.2) - 32
+    assert roomy.topic_share > 0
