@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tiered_history import HistoryCompressor
-from tiered_history.core.assembly import Rows, Shares, assemble
+from tiered_history.core.assembly import Recalled, Rows, Shares, assemble
 from tiered_history.core.budget import summary_shares
 from tiered_history.models import CompressedContext, StoredMessage, Summary
 from tiered_history.tokens import TokenCounter
@@ -91,3 +91,46 @@ async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() 
     assert tight.topic_share == 0  # topic summaries are merged as soon as they leave the window
     assert roomy.bulk_share == int(3997 * 0.2) - 32
     assert roomy.topic_share > 0
+
+
+def _rows_with_matches(question: str) -> Rows:
+    """The archives of :func:`_rows`, a long open topic, and ten earlier messages (before the
+    window) that match ``question``, the newest message."""
+    archives = [_archive(i, 10 * i + 1, 10 * i + 10) for i in range(40)]
+    lorries = [
+        _message(401 + k, f"The refrigerated lorry {k} to Bergen leaves depot {17 + k} at dawn with fish.")
+        for k in range(10)
+    ]
+    talk = [_message(411 + k, f"Shelf {k} in aisle {k % 7} holds {k * 3} boxes of nails.") for k in range(60)]
+    recent = [*lorries, *talk, _message(471, question)]
+    return Rows(
+        pinned=[],
+        recent=recent,
+        end_position=sum(m.token_count for m in recent),
+        archives=archives,
+        recall=[Recalled(50.0 - k, messages=(m,)) for k, m in enumerate(lorries)],
+        summarized_upto=400,
+        query=question,
+    )
+
+
+def test_a_strong_match_takes_the_topic_tiers_share_the_oldest_of_the_window_giving_way() -> None:
+    """The archives hold the topic tier's stable room, so a question about the past recalls into
+    the topic tier's whole share (as before they did), the window's oldest messages giving way;
+    a remark that asks nothing recalls within the recall part only."""
+    shares = Shares(0.5, 0.3, 0.2)
+    asked = assemble(
+        conversation_id="c",
+        max_tokens=1000,
+        shares=shares,
+        counter=COUNTER,
+        rows=_rows_with_matches("Which refrigerated lorry leaves for Bergen, and from which depot?"),
+    )
+    reserve = int((1000 - 3) * 0.3 * 0.4)
+    assert 2 * reserve < asked.tier_tokens["recall"] <= asked.allocation["topic"]
+    assert asked.tier_tokens["current"] < asked.allocation["current"]
+    assert asked.tier_tokens["bulk"] > asked.allocation["bulk"]  # the archives kept their room
+    rows = _rows_with_matches("Lorry!")
+    remark = assemble(conversation_id="c", max_tokens=1000, shares=shares, counter=COUNTER, rows=rows)
+    assert remark.tier_tokens["recall"] <= reserve
+    assert asked.total_tokens <= 1000 and remark.total_tokens <= 1000

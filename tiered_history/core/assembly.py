@@ -692,8 +692,16 @@ def _relevance_layout(
     first = _first_recall(rows, window, reserve)
     if first is not None:
         room = min(room, first)
+    elif redistribute and room < alloc.topics:
+        # A question about the past recalls into the topic tier's whole share, as it did before the
+        # archives held the tier's stable room: the window's oldest units give way (the archives
+        # are whole roll-ups; shrinking them would take the oldest part of the timeline out).
+        room = min(alloc.topics, avail - archives.tokens - suffix[len(units) - 1])
     recalled, note, note_tokens = _recall(rows, window, _Block("topic"), archives, room, measure)
     spent = note_tokens + sum(_cost(c.messages) for c in recalled)
+    while chosen < len(units) - 1 and suffix[chosen] + archives.tokens + spent > avail:
+        chosen += 1  # the newest unit always stays: the room above left it out
+    window = [m for u in units[chosen:] for m in u]
     taken = {c.summary.id for c in recalled if c.summary is not None}
     free = avail - suffix[chosen] - archives.tokens - spent
     topic_room = free if redistribute else min(alloc.topics - spent, free)
