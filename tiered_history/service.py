@@ -25,7 +25,6 @@ from .core.budget import (
     EscalationBudget,
     check_max_tokens,
     escalation_budget,
-    summary_shares,
     topic_size_limit,
 )
 from .core.phrases import phrases_for
@@ -309,25 +308,19 @@ class ReplyPath:
         """What maintenance plans against for this conversation: its budget's shares and targets."""
         s = self.settings
         budget = state.budget or s.context_budget
-        # Below cache_min_tokens the archives may hold the topic tier's stable room (summary_shares).
-        topics, bulk, recall = summary_shares(
-            s.tiers.topic_summaries,
-            s.tiers.bulk_archives,
-            self.shares.recall,
-            budget,
-            s.cache_min_tokens,
-            s.redistribute_unused,
-        )
+        # The shares its contexts are laid out with: below cache_min_tokens the archives may hold
+        # the topic tier's stable room (core.budget.summary_shares).
+        shares = self.shares.at(budget)
         return escalation_budget(
             budget,
-            topics,
-            bulk,
+            shares.topics,
+            shares.bulk,
             s.topic_summary_tokens,
             s.bulk_summary_tokens,
             s.bulk_merge_size,
-            recall_share=recall,
+            recall_share=shares.recall,
             reference_budget=s.context_budget,
-            current_share=s.tiers.current_topic,
+            current_share=shares.current,
         )
 
     def rules_for(self, state: ConversationState | None, platform: str | None = None) -> BoundaryRules:

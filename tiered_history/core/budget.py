@@ -48,11 +48,10 @@ def summary_shares(
     (the relevance layout, which no provider caches) the topic tier keeps its recall part, and the
     room of its stable part is given to the archives: topic summaries are merged into archives as
     soon as they leave the window, and the archives, rolled up from the messages of the whole
-    timeline, fill that room. At these sizes a topic
-    summary each for the last few topics spent most of the summaries' room on the newest stretch;
-    one choice across the whole past keeps what later turns ask about (QMSum static retention at
-    1k / 2k 30.0 / 50.9 -> 34.3 / 52.9 %, long chats 46.8 / 81.0 -> 58.4 / 86.5 %, query retention
-    unchanged: docs/benchmarks.md). With recall off, the whole topic share goes to the archives.
+    timeline, fill that room. A summary each of the last few topics spent most of the summaries'
+    room on the newest stretch; one choice across the whole past keeps more of what later turns ask
+    about (docs/architecture.md, "Archives in the topic tier's stable room"). With recall off, the
+    whole topic share goes to the archives.
     """
     if budget >= cache_min or not pooled:
         return topics, bulk, recall
