@@ -701,7 +701,6 @@ def _relevance_layout(
     spent = note_tokens + sum(_cost(c.messages) for c in recalled)
     while chosen < len(units) - 1 and suffix[chosen] + archives.tokens + spent > avail:
         chosen += 1  # the newest unit always stays: the room above left it out
-    window = [m for u in units[chosen:] for m in u]
     taken = {c.summary.id for c in recalled if c.summary is not None}
     free = avail - suffix[chosen] - archives.tokens - spent
     topic_room = free if redistribute else min(alloc.topics - spent, free)
