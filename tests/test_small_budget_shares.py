@@ -3,18 +3,14 @@ recall part): the layout, and maintenance's plan, of a context no provider cache
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import pytest
 
 from tiered_history import HistoryCompressor
 from tiered_history.core.assembly import Recalled, Rows, Shares, assemble
 from tiered_history.core.budget import summary_shares
-from tiered_history.models import CompressedContext, StoredMessage, Summary
-from tiered_history.tokens import TokenCounter
+from tiered_history.models import CompressedContext, Summary
 
-COUNTER = TokenCounter()
-T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+from .test_recall_layout import COUNTER, T0, message
 
 
 def test_the_topic_tiers_stable_part_goes_to_the_archives_only_below_cache_min() -> None:
@@ -27,11 +23,6 @@ def test_the_topic_tiers_stable_part_goes_to_the_archives_only_below_cache_min()
     assert summary_shares(0.3, 0.2, 0.4, 1000, 2048, pooled=False) == (0.3, 0.2, 0.4)
 
 
-def _message(seq: int, text: str, role: str = "user") -> StoredMessage:
-    n = COUNTER.message_tokens({"role": role, "content": text})
-    return StoredMessage("c", seq, role, text, T0 + timedelta(minutes=seq), n, n)  # type: ignore[arg-type]
-
-
 def _archive(i: int, first: int, last: int) -> Summary:
     text = f"User: depot {i} sends van {i} north at {i % 12 + 1} o'clock with {i * 7} crates of pears."
     n = COUNTER.count(text) + 12
@@ -41,7 +32,7 @@ def _archive(i: int, first: int, last: int) -> Summary:
 def _rows() -> Rows:
     """Forty archives of ten messages each, then a short open topic (no recall candidates)."""
     archives = [_archive(i, 10 * i + 1, 10 * i + 10) for i in range(40)]
-    recent = [_message(401, "Morning."), _message(402, "Good morning.", "assistant")]
+    recent = [message(401, "Morning."), message(402, "Good morning.", "assistant")]
     return Rows(
         pinned=[],
         recent=recent,
@@ -98,11 +89,11 @@ def _rows_with_matches(question: str) -> Rows:
     window) that match ``question``, the newest message."""
     archives = [_archive(i, 10 * i + 1, 10 * i + 10) for i in range(40)]
     lorries = [
-        _message(401 + k, f"The refrigerated lorry {k} to Bergen leaves depot {17 + k} at dawn with fish.")
+        message(401 + k, f"The refrigerated lorry {k} to Bergen leaves depot {17 + k} at dawn with fish.")
         for k in range(10)
     ]
-    talk = [_message(411 + k, f"Shelf {k} in aisle {k % 7} holds {k * 3} boxes of nails.") for k in range(60)]
-    recent = [*lorries, *talk, _message(471, question)]
+    talk = [message(411 + k, f"Shelf {k} in aisle {k % 7} holds {k * 3} boxes of nails.") for k in range(60)]
+    recent = [*lorries, *talk, message(471, question)]
     return Rows(
         pinned=[],
         recent=recent,
