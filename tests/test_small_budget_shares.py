@@ -1,5 +1,6 @@
-"""Below ``cache_min_tokens`` the archives may hold the topic tier's stable room (its share less the
-recall part): the layout, and maintenance's plan, of a context no provider caches."""
+"""Below ``cache_min_tokens`` the archives may hold the topic tier's share as well as their own, and
+recall takes its room from the window: the layout, and maintenance's plan, of a context no
+provider caches."""
 
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ from tiered_history.models import CompressedContext, Summary
 from .test_recall_layout import COUNTER, T0, message
 
 
-def test_the_topic_tiers_stable_part_goes_to_the_archives_only_below_cache_min() -> None:
-    below = summary_shares(0.3, 0.2, 0.4, 1000, 2048)
-    assert below == pytest.approx((0.12, 0.38, 1.0))
-    # Recall off: the whole topic share goes to the archives.
+def test_the_topic_share_goes_to_the_archives_only_below_cache_min() -> None:
+    # Recall on or off: the whole topic share goes to the archives (recall's room is the window's).
+    assert summary_shares(0.3, 0.2, 0.4, 1000, 2048) == pytest.approx((0.0, 0.5, 0.0))
     assert summary_shares(0.3, 0.2, 0.0, 1000, 2048) == pytest.approx((0.0, 0.5, 0.0))
     # From cache_min on, and without redistribute_unused, the shares as configured.
     assert summary_shares(0.3, 0.2, 0.4, 2048, 2048) == (0.3, 0.2, 0.4)
@@ -47,14 +47,14 @@ def _context(max_tokens: int, redistribute: bool = True) -> CompressedContext:
     return assemble(conversation_id="c", max_tokens=max_tokens, shares=shares, counter=COUNTER, rows=_rows())
 
 
-def test_below_cache_min_archives_fill_the_topic_tiers_stable_room() -> None:
+def test_below_cache_min_archives_fill_the_topic_tiers_room() -> None:
     ctx = _context(1000)
     avail = 1000 - 3
     # The context reports the configured shares...
     configured = {"current": int(avail * 0.5), "topic": int(avail * 0.3), "bulk": int(avail * 0.2)}
     assert ctx.allocation == configured
-    # ...and the archives take the bulk share and the topic tier's share less its recall part.
-    assert ctx.allocation["bulk"] < ctx.tier_tokens["bulk"] <= int(avail * (0.2 + 0.3 * (1 - 0.4)))
+    # ...and the archives take the bulk share and the topic tier's, its recall part included.
+    assert int(avail * (0.2 + 0.3 * (1 - 0.4))) < ctx.tier_tokens["bulk"] <= int(avail * 0.5)
     assert ctx.total_tokens <= 1000
 
 
@@ -63,7 +63,7 @@ def test_without_redistributing_or_from_cache_min_on_the_layout_has_the_shares_c
     assert 0 < kept.tier_tokens["bulk"] <= kept.allocation["bulk"]
     shares = Shares(0.5, 0.3, 0.2)
     assert shares.at(2048) is shares and shares.at(8000) is shares
-    assert shares.at(1000) == Shares(0.5, pytest.approx(0.12), pytest.approx(0.38), recall=1.0)
+    assert shares.at(1000) == Shares(0.5, 0.0, pytest.approx(0.5), recall=0.0)
 
 
 async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() -> None:
@@ -77,8 +77,8 @@ async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() 
         large_state = await large.store.state("c")
         assert small_state is not None and large_state is not None
         tight, roomy = small.reply.plan_for(small_state), large.reply.plan_for(large_state)
-    # 997 tokens: the bulk share (199) and 60 % of the topic share (179), less a block's overhead.
-    assert tight.bulk_share == int(997 * 0.38) - 32
+    # 997 tokens: the bulk share (199) and the topic share (299), less a block's overhead.
+    assert tight.bulk_share == int(997 * 0.5) - 32
     assert tight.topic_share == 0  # topic summaries are merged as soon as they leave the window
     assert roomy.bulk_share == int(3997 * 0.2) - 32
     assert roomy.topic_share > 0
@@ -106,9 +106,9 @@ def _rows_with_matches(question: str) -> Rows:
 
 
 def test_a_strong_match_takes_the_topic_tiers_share_the_oldest_of_the_window_giving_way() -> None:
-    """The archives hold the topic tier's stable room, so a question about the past recalls into
-    the topic tier's whole share (as before they did), the window's oldest messages giving way;
-    a remark that asks nothing recalls within the recall part only."""
+    """The archives hold the topic tier's room, so a question about the past recalls into the
+    topic tier's whole share, the window's oldest messages giving way; a remark that asks
+    nothing recalls within the recall part only, taken from the window too."""
     shares = Shares(0.5, 0.3, 0.2)
     asked = assemble(
         conversation_id="c",
@@ -123,5 +123,7 @@ def test_a_strong_match_takes_the_topic_tiers_share_the_oldest_of_the_window_giv
     assert asked.tier_tokens["bulk"] > asked.allocation["bulk"]  # the archives kept their room
     rows = _rows_with_matches("Lorry!")
     remark = assemble(conversation_id="c", max_tokens=1000, shares=shares, counter=COUNTER, rows=rows)
-    assert remark.tier_tokens["recall"] <= reserve
+    assert 0 < remark.tier_tokens["recall"] <= reserve
+    assert remark.tier_tokens["bulk"] == asked.tier_tokens["bulk"]  # the archives kept their room
+    assert remark.tier_tokens["current"] < remark.allocation["current"]
     assert asked.total_tokens <= 1000 and remark.total_tokens <= 1000

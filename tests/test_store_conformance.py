@@ -529,9 +529,8 @@ async def test_rollups_keep_the_whole_timeline_and_every_archive_in_history(db_u
         for a in rolled:  # still complete, and pointing at what replaced it
             assert a.content and a.rendered and a.first_sequence <= a.last_sequence
             assert a.merged_into in {x.id for x in h.archives}
-        # Below cache_min_tokens the archives hold the bulk share and the topic tier's stable part
-        # (its share less the recall part): 0.2 + 0.3 x (1 - 0.4).
-        assert sum(a.token_count for a in live) <= int((600 - 3) * (0.2 + 0.3 * (1 - 0.4)))
+        # Below cache_min_tokens the archives hold the bulk share and the topic tier's: 0.2 + 0.3.
+        assert sum(a.token_count for a in live) <= int((600 - 3) * (0.2 + 0.3))
         assert h.messages == messages_before
 
         by_id = {a.id: a for a in h.archives}

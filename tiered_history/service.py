@@ -309,7 +309,7 @@ class ReplyPath:
         s = self.settings
         budget = state.budget or s.context_budget
         # The shares its contexts are laid out with: below cache_min_tokens the archives may hold
-        # the topic tier's stable room (core.budget.summary_shares).
+        # the topic tier's room (core.budget.summary_shares).
         shares = self.shares.at(budget)
         return escalation_budget(
             budget,

@@ -419,6 +419,9 @@ def assemble(
     used += pinned_cost
     avail = max_tokens - used
     alloc = allocate(avail, shares.current, shares.topics, shares.bulk)  # what the context reports
+    # A weak query's recall room in a short context: the configured reserve, which the window
+    # gives up there (the archives hold the topic tier's whole share: see summary_shares).
+    short_reserve = int(alloc.topics * shares.recall)
     shares = shares.at(max_tokens)
     held = allocate(avail, shares.current, shares.topics, shares.bulk)  # what the tiers hold
     units = group_units(rows.recent)
@@ -587,7 +590,7 @@ def assemble(
             used,
             measure,
             shares.redistribute,
-            reserve,
+            short_reserve,
         )
 
     def widen(
@@ -674,12 +677,15 @@ def _relevance_layout(
 ) -> CompressedContext:
     """A context too short for a provider to cache, laid out for relevance alone.
 
-    The window takes its share; recall comes first in the topic tier (what matches the newest
-    message wins over what is merely recent) and, when redistributing, in what the window and the
-    archives leave of theirs (a weak query at most its ``reserve``, an answered one none: see
-    :func:`_first_recall`); topic summaries fill what recall leaves; then the window reaches back
-    over what is left, swapping the newest summaries back for their messages while they fit; room
-    still left (whole items rarely fill it exactly) goes to more recall.
+    The window takes its share, and recall comes first (what matches the newest message wins over
+    what is merely recent). When redistributing, the archives hold the topic tier's share as well
+    as their own (:func:`~.budget.summary_shares`), and what is recalled takes the place of the
+    window's oldest units: up to the topic tier's share for a question about the past, up to
+    ``reserve`` for a weak query, nothing for an answered one (see :func:`_first_recall`);
+    without, recall stays within the topic tier's share. Topic summaries fill what recall leaves;
+    then the window reaches back over what is left, swapping the newest summaries back for their
+    messages while they fit; room still left (whole items rarely fill it exactly) goes to more
+    recall.
     """
     chosen = at_share
     if suffix[chosen] + archives.tokens > avail:
@@ -690,13 +696,15 @@ def _relevance_layout(
     free = avail - suffix[chosen] - archives.tokens
     room = free if redistribute else min(alloc.topics, free)
     first = _first_recall(rows, window, reserve)
-    if first is not None:
-        room = min(room, first)
-    elif redistribute and room < alloc.topics:
-        # A question about the past recalls into the topic tier's whole share, as it did before the
-        # archives held the tier's stable room: the window's oldest units give way (the archives
-        # are whole roll-ups; shrinking them would take the oldest part of the timeline out).
-        room = min(alloc.topics, avail - archives.tokens - suffix[len(units) - 1])
+    want = alloc.topics if first is None else first
+    if redistribute and room < want:
+        # The archives hold the topic tier's whole share here (summary_shares): what the newest
+        # message recalls, up to that share for a question about the past and up to ``reserve``
+        # for a weak query, takes the place of the window's oldest units (the archives are whole
+        # roll-ups; shrinking them would take the oldest part of the timeline out).
+        room = min(want, avail - archives.tokens - suffix[len(units) - 1])
+    elif first is not None:
+        room = min(room, want)
     recalled, note, note_tokens = _recall(rows, window, _Block("topic"), archives, room, measure)
     spent = note_tokens + sum(_cost(c.messages) for c in recalled)
     while chosen < len(units) - 1 and suffix[chosen] + archives.tokens + spent > avail:

@@ -45,18 +45,18 @@ def summary_shares(
     context reports the configured shares).
 
     From ``cache_min`` on, or without ``pooled`` (``redistribute_unused``), as configured. Below it
-    (the relevance layout, which no provider caches) the topic tier keeps its recall part, and the
-    room of its stable part is given to the archives: topic summaries are merged into archives as
-    soon as they leave the window, and the archives, rolled up from the messages of the whole
-    timeline, fill that room. A summary each of the last few topics spent most of the summaries'
-    room on the newest stretch; one choice across the whole past keeps more of what later turns ask
-    about (docs/architecture.md, "Archives in the topic tier's stable room"). With recall off, the
-    whole topic share goes to the archives.
+    (the relevance layout, which no provider caches) the archives hold the whole topic share as
+    well as their own: topic summaries are merged into archives as soon as they leave the window,
+    and the archives, rolled up from the messages of the whole timeline, fill that room. A summary
+    each of the last few topics spent most of the summaries' room on the newest stretch; one choice
+    across the whole past keeps more of what later turns ask about. Recall then takes its room
+    from the window, per call (the relevance layout): the topic tier's share for a question about
+    the past, its recall part for a weak query (docs/architecture.md, "Archives in the topic
+    tier's room").
     """
     if budget >= cache_min or not pooled:
         return topics, bulk, recall
-    kept = topics * recall
-    return kept, bulk + (topics - kept), 1.0 if kept > 0 else 0.0
+    return 0.0, bulk + topics, 0.0
 
 
 def topic_size_limit(context_budget: int, current_share: float, threshold: float) -> int:
