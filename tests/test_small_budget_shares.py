@@ -8,7 +8,7 @@ import pytest
 
 from tiered_history import HistoryCompressor
 from tiered_history.core.assembly import Recalled, Rows, Shares, assemble
-from tiered_history.core.budget import summary_shares
+from tiered_history.core.budget import MIN_TOPIC_TARGET, escalation_budget, summary_shares
 from tiered_history.models import CompressedContext, Summary
 
 from .test_recall_layout import COUNTER, T0, message
@@ -80,6 +80,10 @@ async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() 
     # 997 tokens: the bulk share (199) and the topic share (299), less a block's overhead.
     assert tight.bulk_share == int(997 * 0.5) - 32
     assert tight.topic_share == 0  # topic summaries are merged as soon as they leave the window
+    # ...but a topic summary is still sized by the topic tier's configured room (it is an archive's
+    # part, shown in the archive's place when there is room), not by the floor.
+    configured = escalation_budget(1000, 0.3, 0.2, 200, 300, 3, recall_share=0.4, reference_budget=1000)
+    assert tight.topic_target == configured.topic_target > MIN_TOPIC_TARGET
     assert roomy.bulk_share == int(3997 * 0.2) - 32
     assert roomy.topic_share > 0
 

@@ -18,7 +18,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
 
 from .core.boundaries import DETECTOR_NAME_CHARS, BoundaryDetector
-from .core.budget import escalation_budget
 from .core.recollection import Recollection
 from .errors import ConfigurationError
 from .maintenance import Maintenance, MaintenanceReport
@@ -94,14 +93,9 @@ class BaseCompressor:
         threads = 1 if getattr(parts.store, "single_connection", False) else STORE_THREADS
         self.store = AsyncStore(parts.store, threads)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        plan = escalation_budget(
-            s.context_budget,
-            s.tiers.topic_summaries,
-            s.tiers.bulk_archives,
-            s.topic_summary_tokens,
-            s.bulk_summary_tokens,
-            s.bulk_merge_size,
-        )
+        # The pipeline's own targets (a merge planned with none: a budget too small for any
+        # archive) are those of the configured budget's plan.
+        plan = self.reply.plan_at(s.context_budget)
         limits = Limits(
             topic_target=plan.topic_target,
             archive_target=plan.bulk_target,

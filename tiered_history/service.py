@@ -306,11 +306,23 @@ class ReplyPath:
 
     def plan_for(self, state: ConversationState) -> EscalationBudget:
         """What maintenance plans against for this conversation: its budget's shares and targets."""
-        s = self.settings
-        budget = state.budget or s.context_budget
+        return self.plan_at(state.budget or self.settings.context_budget)
+
+    def plan_at(self, budget: int) -> EscalationBudget:
+        """What maintenance plans against for contexts of ``budget`` tokens."""
         # The shares its contexts are laid out with: below cache_min_tokens the archives may hold
         # the topic tier's room (core.budget.summary_shares).
         shares = self.shares.at(budget)
+        plan = self._plan(budget, shares)
+        if shares is not self.shares:
+            # A topic's summary is sized by the topic tier's configured room all the same: where the
+            # archives hold that room, topic summaries are the parts of an archive, shown in its
+            # place when there is room (a target sized by the room left would be the floor).
+            plan = replace(plan, topic_target=self._plan(budget, self.shares).topic_target)
+        return plan
+
+    def _plan(self, budget: int, shares: Shares) -> EscalationBudget:
+        s = self.settings
         return escalation_budget(
             budget,
             shares.topics,
