@@ -116,14 +116,14 @@ async def _conversation(hc: HistoryCompressor, topics: int) -> None:
         await hc.maintain("c", now=T0 + timedelta(minutes=n + 1))
 
 
-@pytest.mark.parametrize("budget", [700, 1200, 3000])
+@pytest.mark.parametrize("budget", [700, 1200, 5000])
 async def test_a_context_fills_its_room_with_the_parts_of_the_newest_archive(
     budget: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def read() -> tuple[CompressedContext, History]:
         settings = {"context_budget": budget, "recall": {"enabled": False}}
         async with HistoryCompressor.from_url("memory://", **settings) as hc:
-            await _conversation(hc, 30 if budget < 2048 else 60)
+            await _conversation(hc, 30 if budget < 2048 else 120)
             return await hc.get_context("c", budget), await hc.get_history("c")
 
     ctx, history = await read()

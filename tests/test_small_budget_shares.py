@@ -1,6 +1,6 @@
-"""Below ``cache_min_tokens`` the archives may hold the topic tier's share as well as their own, and
-recall takes its room from the window: the layout, and maintenance's plan, of a context no
-provider caches."""
+"""In small contexts the archives may hold the topic tier's room as well as their own: below
+``cache_min_tokens`` (no provider caches them) its whole share, recall taking its room from the
+window; up to twice that, its stable part. The layout, and maintenance's plan."""
 
 from __future__ import annotations
 
@@ -14,13 +14,18 @@ from tiered_history.models import CompressedContext, Summary
 from .test_recall_layout import COUNTER, T0, message
 
 
-def test_the_topic_share_goes_to_the_archives_only_below_cache_min() -> None:
-    # Recall on or off: the whole topic share goes to the archives (recall's room is the window's).
+def test_the_topic_share_goes_to_the_archives_only_in_small_contexts() -> None:
+    # Below cache_min, recall on or off: the whole topic share (recall's room is the window's).
     assert summary_shares(0.3, 0.2, 0.4, 1000, 2048) == pytest.approx((0.0, 0.5, 0.0))
     assert summary_shares(0.3, 0.2, 0.0, 1000, 2048) == pytest.approx((0.0, 0.5, 0.0))
-    # From cache_min on, and without redistribute_unused, the shares as configured.
-    assert summary_shares(0.3, 0.2, 0.4, 2048, 2048) == (0.3, 0.2, 0.4)
+    # Up to twice cache_min: the topic tier keeps its recall part (the cached layout's reserve).
+    assert summary_shares(0.3, 0.2, 0.4, 2048, 2048) == pytest.approx((0.12, 0.38, 1.0))
+    assert summary_shares(0.3, 0.2, 0.4, 4095, 2048) == pytest.approx((0.12, 0.38, 1.0))
+    assert summary_shares(0.3, 0.2, 0.0, 3000, 2048) == pytest.approx((0.0, 0.5, 0.0))
+    # From twice cache_min on, and without redistribute_unused, the shares as configured.
+    assert summary_shares(0.3, 0.2, 0.4, 4096, 2048) == (0.3, 0.2, 0.4)
     assert summary_shares(0.3, 0.2, 0.4, 1000, 2048, pooled=False) == (0.3, 0.2, 0.4)
+    assert summary_shares(0.3, 0.2, 0.4, 3000, 2048, pooled=False) == (0.3, 0.2, 0.4)
 
 
 def _archive(i: int, first: int, last: int) -> Summary:
@@ -58,25 +63,30 @@ def test_below_cache_min_archives_fill_the_topic_tiers_room() -> None:
     assert ctx.total_tokens <= 1000
 
 
-def test_without_redistributing_or_from_cache_min_on_the_layout_has_the_shares_configured() -> None:
+def test_without_redistributing_or_from_twice_cache_min_on_the_layout_has_the_shares_configured() -> None:
     kept = _context(1000, redistribute=False)
     assert 0 < kept.tier_tokens["bulk"] <= kept.allocation["bulk"]
     shares = Shares(0.5, 0.3, 0.2)
-    assert shares.at(2048) is shares and shares.at(8000) is shares
+    assert shares.at(4096) is shares and shares.at(8000) is shares
+    assert shares.at(2048) == Shares(0.5, pytest.approx(0.12), pytest.approx(0.38), recall=1.0)
     assert shares.at(1000) == Shares(0.5, 0.0, pytest.approx(0.5), recall=0.0)
 
 
 async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() -> None:
     async with (
         HistoryCompressor("memory://", context_budget=1000) as small,
-        HistoryCompressor("memory://", context_budget=4000) as large,
+        HistoryCompressor("memory://", context_budget=3000) as medium,
+        HistoryCompressor("memory://", context_budget=8000) as large,
     ):
-        for hc in (small, large):
+        for hc in (small, medium, large):
             await hc.add_message("c", {"role": "user", "content": "hello"})
         small_state = await small.store.state("c")
+        medium_state = await medium.store.state("c")
         large_state = await large.store.state("c")
-        assert small_state is not None and large_state is not None
-        tight, roomy = small.reply.plan_for(small_state), large.reply.plan_for(large_state)
+        assert small_state is not None and medium_state is not None and large_state is not None
+        tight = small.reply.plan_for(small_state)
+        cached = medium.reply.plan_for(medium_state)
+        roomy = large.reply.plan_for(large_state)
     # 997 tokens: the bulk share (199) and the topic share (299), less a block's overhead.
     assert tight.bulk_share == int(997 * 0.5) - 32
     assert tight.topic_share == 0  # topic summaries are merged as soon as they leave the window
@@ -84,7 +94,12 @@ async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() 
     # part, shown in the archive's place when there is room), not by the floor.
     configured = escalation_budget(1000, 0.3, 0.2, 200, 300, 3, recall_share=0.4, reference_budget=1000)
     assert tight.topic_target == configured.topic_target > MIN_TOPIC_TARGET
-    assert roomy.bulk_share == int(3997 * 0.2) - 32
+    # A small cached context: the bulk share and the topic tier's stable part (18 %).
+    assert cached.bulk_share == int(2997 * 0.38) - 32
+    assert cached.topic_share == 0
+    sized = escalation_budget(3000, 0.3, 0.2, 200, 300, 3, recall_share=0.4, reference_budget=3000)
+    assert cached.topic_target == sized.topic_target > MIN_TOPIC_TARGET
+    assert roomy.bulk_share == int(7997 * 0.2) - 32
     assert roomy.topic_share > 0
 
 

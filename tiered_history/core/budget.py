@@ -37,6 +37,11 @@ def allocate(available: int, current: float, topics: float, bulk: float) -> Allo
     return Allocation(int(available * current), int(available * topics), int(available * bulk))
 
 
+#: Up to this multiple of ``cache_min`` the archives hold the topic tier's stable room (see
+#: :func:`summary_shares`); from it on the topic tier's stable part shows topic summaries.
+POOLED_UP_TO = 2
+
+
 def summary_shares(
     topics: float, bulk: float, recall: float, budget: int, cache_min: int, pooled: bool = True
 ) -> tuple[float, float, float]:
@@ -44,19 +49,25 @@ def summary_shares(
     ``budget`` tokens is laid out (and maintenance plans) with: its room, not its allocation (a
     context reports the configured shares).
 
-    From ``cache_min`` on, or without ``pooled`` (``redistribute_unused``), as configured. Below it
-    (the relevance layout, which no provider caches) the archives hold the whole topic share as
-    well as their own: topic summaries are merged into archives as soon as they leave the window,
-    and the archives, rolled up from the messages of the whole timeline, fill that room. A summary
-    each of the last few topics spent most of the summaries' room on the newest stretch; one choice
-    across the whole past keeps more of what later turns ask about. Recall then takes its room
-    from the window, per call (the relevance layout): the topic tier's share for a question about
-    the past, its recall part for a weak query (docs/architecture.md, "Archives in the topic
-    tier's room").
+    Without ``pooled`` (``redistribute_unused``), or from ``POOLED_UP_TO`` x ``cache_min`` on, as
+    configured. Below ``cache_min`` (the relevance layout, which no provider caches) the archives
+    hold the whole topic share as well as their own: topic summaries are merged into archives as
+    soon as they leave the window, and the archives, rolled up from the messages of the whole
+    timeline, fill that room; recall takes its room from the window, per call (the topic tier's
+    share for a question about the past, its recall part for a weak query). From ``cache_min`` to
+    ``POOLED_UP_TO`` x ``cache_min`` (the cached layout, whose recall keeps its reserve between
+    events) the topic tier keeps its recall part and the archives hold the rest of it. A summary
+    each of the last few topics spent most of a small context's summaries' room on the newest
+    stretch; one choice across the whole past keeps more of what later turns ask about. In larger
+    contexts the topic tier's stable part holds enough topics for their summaries to keep more than
+    archives merged from them (docs/architecture.md, "Archives in the topic tier's room").
     """
-    if budget >= cache_min or not pooled:
+    if not pooled or budget >= POOLED_UP_TO * cache_min:
         return topics, bulk, recall
-    return 0.0, bulk + topics, 0.0
+    if budget < cache_min:
+        return 0.0, bulk + topics, 0.0
+    kept = topics * recall
+    return kept, bulk + (topics - kept), 1.0 if kept > 0 else 0.0
 
 
 def topic_size_limit(context_budget: int, current_share: float, threshold: float) -> int:
