@@ -182,7 +182,9 @@ class Maintenance:
             active = escalation.beside_window(
                 active, state.open.tokens, plan.window_share, mark.start if mark is not None else None
             )
-            report.merged += await self._merge(cid, state, active, plan.topic_share, plan.bulk_target, now)
+            report.merged += await self._merge(
+                cid, state, active, plan.topic_share, plan.bulk_target, now, plan.bulk_share
+            )
             state = await self.store.state(cid) or state
             archives = transitions.active_archives(await self.store.read_summaries(cid, "bulk"))
             report.rolled_up += await self._merge(cid, state, archives, plan.bulk_share, plan.bulk_share, now)
@@ -225,9 +227,11 @@ class Maintenance:
         share: int,
         target: int,
         now: datetime,
+        bulk_share: int = 0,
     ) -> int:
         """Merge the oldest summaries (topics into an archive, or archives into a coarser one) while
-        they exceed ``share``; returns how many merges were saved."""
+        they exceed ``share``; returns how many merges were saved. A merge of many topics is split
+        into as many archives as the archives' room (``bulk_share``) has left at ``target``."""
         rollup = bool(active) and active[0].tier != "topic"
         items = [escalation.Item(t.id, t.token_count) for t in active]
         by_id = {t.id: t for t in active}
@@ -236,6 +240,13 @@ class Maintenance:
             plan = [whole] if whole else []
         else:
             plan = escalation.merge_plan(items, share, self.merge_size, self.merge_size)
+            if plan and len(plan[0]) >= 2 * self.merge_size and target > 0:
+                archives = transitions.active_archives(await self.store.read_summaries(cid, "bulk"))
+                left = bulk_share - sum(a.token_count for a in archives)
+                taken = set(plan[0])
+                plan = escalation.split_merge(
+                    [i for i in items if i.id in taken], left // target, self.merge_size
+                )
         merges = 0
         for ids in plan:
             group = [by_id[i] for i in ids]

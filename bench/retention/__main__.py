@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from bench._common import REPO, log, machine, update_section
 
-from . import render, report
+from . import render, report, systems
 from .data import DOMAINS, Turn, domain_of, meeting_paths
 from .prefix import BUDGET as PREFIX_BUDGET
 from .prefix import (
@@ -60,6 +60,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="also write every per-query figure and prefix turn here")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     p.add_argument("--store", choices=["memory", "sqlite"], default="memory", help="tiered_history's store")
+    p.add_argument(
+        "--maintain-every",
+        type=int,
+        default=systems.MAINTAIN_EVERY,
+        help="retention replays: maintain() every N messages (0: only after the last one, a backlog)",
+    )
     p.add_argument("--prefix-turns", type=int, help=f"turns of the prefix replay (default {PREFIX_TURNS})")
     p.add_argument("--prefix-budget", type=int, default=PREFIX_BUDGET)
     p.add_argument("--prefix-every", type=int, default=PREFIX_EVERY, help="maintain() every N turns")
@@ -120,6 +126,8 @@ def command(args: argparse.Namespace, parts: Sequence[str]) -> str:
         out.append(f"--only {args.only}")
     if args.store != "memory":
         out.append(f"--store {args.store}")
+    if (QUERY in parts or STATIC in parts) and args.maintain_every != 10:
+        out.append(f"--maintain-every {args.maintain_every}")
     if PREFIX in parts:
         out += [f"--prefix-turns {args.prefix_turns}", f"--prefix-budget {args.prefix_budget}"]
         out.append(f"--prefix-every {args.prefix_every}")
@@ -147,6 +155,8 @@ def write(path: Path, name: str, md: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
+    # Read by the replays in the worker processes (forked after this) and by the method text.
+    systems.MAINTAIN_EVERY = args.maintain_every
     started = time.perf_counter()
     start_machine = machine()
     parts = [args.only] if args.only else list(PARTS)

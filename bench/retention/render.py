@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from bench._common import git_revision, table
 
-from . import api, report
+from . import api, report, systems
 from .bm25 import K1, B
 from .data import DOMAINS, STOPWORDS, TURN_SECONDS
 from .peers import SUMMARY_OVERHEAD
@@ -20,7 +20,6 @@ from .speed import BUDGET as SPEED_BUDGET
 from .speed import SpeedResults
 from .systems import (
     EVERY_TURN,
-    MAINTAIN_EVERY,
     OURS,
     OURS_VARIANTS,
     QUERY_SYSTEMS,
@@ -91,6 +90,19 @@ def _replay_line() -> str:
     )
 
 
+def _maintained() -> str:
+    every = systems.MAINTAIN_EVERY
+    if every <= 0:
+        return (
+            "`maintain(now=<turn time>)` only once, after the last turn (a backlog maintained in one pass);"
+        )
+    return (
+        f"`maintain(now=<turn time>)` after every {every} messages during the replay "
+        f"({every * TURN_SECONDS} s of meeting time; the background worker's default interval is "
+        "30 s) and once after the last turn;"
+    )
+
+
 def _ours_line(store: str) -> str:
     where = "'memory://'" if store == "memory" else "a SQLite file"
     return (
@@ -98,9 +110,8 @@ def _ours_line(store: str) -> str:
         "summarizer=<counting wrapper around ExtractiveSummarizer>)`, all other settings default; "
         "'recall off' / 'recall on' add `recall={'enabled': False}` / `{'enabled': True}` (without that "
         "setting the library has no recall: 'recall off' is the library as it is, 'recall on' is n/a). "
-        f"`maintain(now=<turn time>)` after every {MAINTAIN_EVERY} messages during the replay "
-        f"({MAINTAIN_EVERY * TURN_SECONDS} s of meeting time; the background worker's default interval is "
-        "30 s) and once after the last turn; the context is `get_context(conv, max_tokens=<budget>)"
+        + _maintained()
+        + " the context is `get_context(conv, max_tokens=<budget>)"
         ".to_messages()`, read once at the end (the window start and blocks are then chosen afresh, "
         f"as for a new budget or a fork). '…{EVERY_TURN}' (static retention only): the same replay "
         "with `get_context` after every message, as a bot reads it, so the end-of-meeting context has "

@@ -36,7 +36,7 @@ from .data import Meeting, Turn
 #: During a replay ``maintain(now=<turn time>)`` runs after every this many messages (every
 #: 50 s of meeting time: the library's background worker runs every 30 s by default), then
 #: once when the meeting ends, before the context is read or a query is stored.
-MAINTAIN_EVERY = 10
+MAINTAIN_EVERY = 10  # 0: only when the meeting ends (a backlog maintained in one pass)
 CONVERSATION = "meeting"
 
 OURS = "tiered_history, recall off"
@@ -125,7 +125,7 @@ class Ours:
         await self.h.add_message(CONVERSATION, msg)
         self.n += 1
         self.last = turn.timestamp
-        if self.n % MAINTAIN_EVERY == 0:
+        if MAINTAIN_EVERY > 0 and self.n % MAINTAIN_EVERY == 0:
             await self.h.maintain(CONVERSATION, now=turn.timestamp)
 
     async def end(self) -> None:

@@ -41,6 +41,38 @@ def merge_plan(items_oldest_first: Sequence[Item], share: int, size: int, minimu
     return [[i.id for i in items_oldest_first[:take]]]
 
 
+def split_merge(group_oldest_first: Sequence[Item], parts: int, size: int) -> list[list[int]]:
+    """``group`` as up to ``parts`` consecutive groups of about equal tokens, each of at least
+    ``size`` items (one group when it cannot be split so).
+
+    A merge that takes many summaries at once (a backlog maintained in one pass, an import) would
+    otherwise become one archive at its target however much room the archive tier has left: the
+    room stays empty and a long stretch of the timeline is told in a few hundred tokens. Split,
+    each stretch gets an archive of its own while they fit (``parts``: archives at their target
+    in the room left); past that, roll-ups take over as usual.
+    """
+    n = len(group_oldest_first)
+    parts = max(1, min(parts, n // max(size, 1)))
+    if parts == 1:
+        return [[i.id for i in group_oldest_first]]
+    total = sum(i.tokens for i in group_oldest_first)
+    out: list[list[int]] = []
+    current: list[int] = []
+    seen = 0
+    for k, item in enumerate(group_oldest_first):
+        current.append(item.id)
+        seen += item.tokens
+        left_items = n - k - 1
+        groups_left = parts - len(out) - 1
+        # Close this group at its share of the tokens, leaving every later group its least size.
+        room = groups_left and len(current) >= size and left_items >= groups_left * size
+        if room and (seen >= total * (len(out) + 1) / parts or left_items == groups_left * size):
+            out.append(current)
+            current = []
+    out.append(current)
+    return out
+
+
 def beside_window(
     topics_oldest_first: Sequence[Summary], open_tokens: int, window_share: int, start: int | None
 ) -> list[Summary]:
