@@ -104,7 +104,8 @@ def test_only_the_newest_archive_is_unrolled_so_the_blocks_stay_in_time_order() 
     assert [x.id for x in bulk.items] == [3, 9] and [x.id for x in topic.items] == [7]
 
 
-async def _conversation(hc: HistoryCompressor, topics: int) -> None:
+async def _conversation(hc: HistoryCompressor, topics: int, maintain: bool = True) -> None:
+    """``topics`` sealed topics of four messages; ``maintain`` after each (else none: a backlog)."""
     n = 0
     for t in range(topics):
         for k in range(4):
@@ -113,7 +114,8 @@ async def _conversation(hc: HistoryCompressor, topics: int) -> None:
             text = f"Topic {t} point {k}: the item{t}x{k} order ships {t * 4 + k} crates via depot{t}."
             await hc.add_message("c", Message(role=role, content=text, timestamp=T0 + timedelta(minutes=n)))
         await hc.seal_current_topic("c")
-        await hc.maintain("c", now=T0 + timedelta(minutes=n + 1))
+        if maintain:
+            await hc.maintain("c", now=T0 + timedelta(minutes=n + 1))
 
 
 @pytest.mark.parametrize("budget", [700, 1200, 5000])

@@ -3,16 +3,16 @@ many archives as the archives' room holds at their target, not one archive for t
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiered_history import HistoryCompressor, Message
+from tiered_history import HistoryCompressor
 from tiered_history.core.escalation import Item, split_merge
 
-T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+from .test_finer_archives import T0, _conversation
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -38,23 +38,12 @@ def test_a_split_balances_tokens() -> None:
     assert split_merge([Item(i, 10) for i in range(5)], 3, 3) == [[0, 1, 2, 3, 4]]  # too few to split
 
 
-async def _backlog(hc: HistoryCompressor, topics: int) -> None:
-    n = 0
-    for t in range(topics):
-        for k in range(4):
-            n += 1
-            role = "user" if k % 2 == 0 else "assistant"
-            text = f"Topic {t} point {k}: the item{t}x{k} order ships {t * 4 + k} crates via depot{t}."
-            await hc.add_message("c", Message(role=role, content=text, timestamp=T0 + timedelta(minutes=n)))
-        await hc.seal_current_topic("c")
-
-
 async def test_a_backlog_maintained_in_one_pass_becomes_several_archives_within_their_room() -> None:
     budget = 3000
     async with HistoryCompressor.from_url(
         "memory://", context_budget=budget, recall={"enabled": False}
     ) as hc:
-        await _backlog(hc, 60)
+        await _conversation(hc, 60, maintain=False)
         await hc.get_context("c", budget)  # the budget the conversation is read with
         report = await hc.maintain("c", now=T0 + timedelta(hours=6))
         history = await hc.get_history("c")

@@ -243,10 +243,8 @@ class Maintenance:
             if plan and len(plan[0]) >= 2 * self.merge_size and target > 0:
                 archives = transitions.active_archives(await self.store.read_summaries(cid, "bulk"))
                 left = bulk_share - sum(a.token_count for a in archives)
-                taken = set(plan[0])
-                plan = escalation.split_merge(
-                    [i for i in items if i.id in taken], left // target, self.merge_size
-                )
+                # merge_plan's group is always the oldest items.
+                plan = escalation.split_merge(items[: len(plan[0])], left // target, self.merge_size)
         merges = 0
         for ids in plan:
             group = [by_id[i] for i in ids]

@@ -32,6 +32,9 @@ from .replay import QUERY, STATIC, MeetingResult, run_meeting
 from .speed import run_sync
 from .systems import QUERY_SYSTEMS, STATIC_SYSTEMS
 
+#: The replays' interval as the module sets it (``main`` overwrites ``systems.MAINTAIN_EVERY``).
+DEFAULT_MAINTAIN_EVERY = systems.MAINTAIN_EVERY
+
 T = TypeVar("T")
 PREFIX = "prefix"
 PARTS = (QUERY, STATIC, PREFIX)
@@ -63,7 +66,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--maintain-every",
         type=int,
-        default=systems.MAINTAIN_EVERY,
+        default=DEFAULT_MAINTAIN_EVERY,
         help="retention replays: maintain() every N messages (0: only after the last one, a backlog)",
     )
     p.add_argument("--prefix-turns", type=int, help=f"turns of the prefix replay (default {PREFIX_TURNS})")
@@ -126,7 +129,7 @@ def command(args: argparse.Namespace, parts: Sequence[str]) -> str:
         out.append(f"--only {args.only}")
     if args.store != "memory":
         out.append(f"--store {args.store}")
-    if (QUERY in parts or STATIC in parts) and args.maintain_every != 10:
+    if (QUERY in parts or STATIC in parts) and args.maintain_every != DEFAULT_MAINTAIN_EVERY:
         out.append(f"--maintain-every {args.maintain_every}")
     if PREFIX in parts:
         out += [f"--prefix-turns {args.prefix_turns}", f"--prefix-budget {args.prefix_budget}"]

@@ -422,8 +422,10 @@ def assemble(
     # A weak query's recall room in a short context: the configured reserve, which the window
     # gives up there (the archives hold the topic tier's whole share: see summary_shares).
     short_reserve = int(alloc.topics * shares.recall)
-    shares = shares.at(max_tokens)
-    held = allocate(avail, shares.current, shares.topics, shares.bulk)  # what the tiers hold
+    laid = shares.at(max_tokens)
+    # What the tiers hold: the same unless the archives hold part of the topic tier's room.
+    held = alloc if laid is shares else allocate(avail, laid.current, laid.topics, laid.bulk)
+    shares = laid
     units = group_units(rows.recent)
 
     if not units:
