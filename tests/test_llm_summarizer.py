@@ -367,10 +367,22 @@ async def test_single_huge_message_is_split_into_parts(openai_server: OpenAIServ
     assert all(COUNTER.messages_tokens(r["messages"]) <= 800 for r in openai_server.requests)
 
 
-async def test_window_too_small_for_target_is_an_error(openai_server: OpenAIServer) -> None:
+async def test_window_too_small_for_any_summary_is_an_error(openai_server: OpenAIServer) -> None:
     with pytest.raises(SummarizerError, match="too small"):
-        await make(openai_server, model=UNKNOWN_MODEL, context_window=600).summarize(msgs("hi"), 200)
+        await make(openai_server, model=UNKNOWN_MODEL, context_window=256).summarize(msgs("hi"), 200)
     assert openai_server.requests == []
+
+
+async def test_a_small_window_asks_for_a_shorter_summary(openai_server: OpenAIServer) -> None:
+    # 600 tokens cannot hold a merge of 200-token summaries: the model is asked for fewer tokens.
+    result = await make(openai_server, model=UNKNOWN_MODEL, context_window=600).summarize(msgs("hi"), 200)
+    assert result.text
+    (request,) = openai_server.requests
+    found = re.search(r"in about (\d+) tokens", parts(request)[1])
+    assert found is not None
+    asked = int(found.group(1))
+    assert 40 <= asked < 200
+    assert COUNTER.messages_tokens(request["messages"]) <= 480
 
 
 @settings(max_examples=60, deadline=None)

@@ -49,6 +49,8 @@ INPUT_SHARE = 0.8
 #: Replies longer than this × target are cut.
 OUTPUT_SLACK = 1.2
 _MAX_DEPTH = 8  # chunk → merge levels; far more than any real window needs
+#: The shortest summary a small window is asked for before it is refused as too small.
+_MIN_TARGET = 40
 _BACKOFF_CAP = 4.0
 _ERROR_TEXT_LIMIT = 500
 
@@ -245,7 +247,12 @@ class LiteLLMSummarizer:
         started = time.perf_counter()
         tally = Spend()
         limit = self._input_limit(litellm, target)
-        # Merging needs room for at least two (bounded) summaries, or chunking never converges.
+        # Merging needs room for at least two (bounded) summaries, or chunking never converges. A
+        # model with a small window writes shorter summaries rather than none (the pipeline only
+        # rejects answers over their target).
+        while limit < self._overhead("merge", target, note) + 3 * target and target > _MIN_TARGET:
+            target = max(target * 3 // 4, _MIN_TARGET)
+            limit = self._input_limit(litellm, target)
         if limit < self._overhead("merge", target, note) + 3 * target:
             raise SummarizerError(
                 f"summariser window of {self._window} tokens is too small for {target}-token summaries"
