@@ -103,6 +103,22 @@ async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() 
     assert roomy.topic_share > 0
 
 
+def test_targets_do_not_shrink_with_a_budget_below_the_reference() -> None:
+    # Read below context_budget, summaries keep their configured size while their tiers hold it:
+    # scaled down, an 8,000-token default read at 2,000 made topic summaries of 50 tokens and
+    # archives of 75, and kept 8 points less of a meeting (docs/benchmarks.md). Below that, the
+    # tiers' room sizes them, as for a conversation configured at that budget.
+    def plan(budget: int, reference: int) -> tuple[int, int]:
+        p = escalation_budget(budget, 0.3, 0.2, 200, 300, 3, recall_share=0.4, reference_budget=reference)
+        return p.topic_target, p.bulk_target
+
+    assert plan(4000, 8000) == plan(8000, 8000) == (200, 300)
+    assert plan(2000, 8000) == plan(2000, 2000) == (109, 183)
+    assert plan(1000, 8000) == plan(1000, 1000)
+    # Above the reference, targets grow with the budget.
+    assert plan(16000, 8000) == (400, 600)
+
+
 def _rows_with_matches(question: str) -> Rows:
     """The archives of :func:`_rows`, a long open topic, and ten earlier messages (before the
     window) that match ``question``, the newest message."""

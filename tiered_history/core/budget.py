@@ -111,15 +111,18 @@ def escalation_budget(
     reference_budget: int = 8000,
     current_share: float = 0.5,
 ) -> EscalationBudget:
-    """Summary and archive targets grow with the budget (``topic_summary_tokens`` and
-    ``bulk_summary_tokens`` are the targets at ``reference_budget``), within what their tiers
-    can hold: at least ``merge_size`` topic summaries and two archives fit beside each other.
-    A tier's header and delimiters are counted out of its share first."""
+    """Summary and archive targets grow with the budget above ``reference_budget``
+    (``topic_summary_tokens`` and ``bulk_summary_tokens`` are the targets there), within what
+    their tiers can hold: at least ``merge_size`` topic summaries and two archives fit beside each
+    other. Below it they are not scaled down: the tiers' room sizes them (a smaller context holds
+    fewer summaries, not shorter ones; scaled down, an 8,000-token default read at 2,000 made
+    50-token summaries that kept little of their topics). A tier's header and delimiters are
+    counted out of its share first."""
     avail = max(budget - REPLY_PRIMING_TOKENS, 0)
     topics = int(avail * topic_share)
     topic_room = max(topics - int(topics * recall_share) - BLOCK_OVERHEAD, 0)
     bulk_room = max(int(avail * bulk_share) - BLOCK_OVERHEAD, 0)
-    scale = budget / max(reference_budget, 1)
+    scale = max(budget / max(reference_budget, 1), 1.0)
 
     def target(setting: int, floor: int, room: int, parts: int) -> int:
         return max(min(round(setting * scale), room // max(parts, 1)), floor)
