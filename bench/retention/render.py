@@ -19,8 +19,10 @@ from .report import NA, Summary, pct, points, ratio
 from .speed import BUDGET as SPEED_BUDGET
 from .speed import SpeedResults
 from .systems import (
+    DEFAULT_BUDGET,
     EVERY_TURN,
     OURS,
+    OURS_DEFAULT_BUDGET,
     OURS_VARIANTS,
     QUERY_SYSTEMS,
     RECENCY,
@@ -115,7 +117,11 @@ def _ours_line(store: str) -> str:
         ".to_messages()`, read once at the end (the window start and blocks are then chosen afresh, "
         f"as for a new budget or a fork). '…{EVERY_TURN}' (static retention only): the same replay "
         "with `get_context` after every message, as a bot reads it, so the end-of-meeting context has "
-        "the window start and blocks kept between events for the provider's cache."
+        "the window start and blocks kept between events for the provider's cache. "
+        f"'{OURS_DEFAULT_BUDGET}': read every turn with `context_budget` left at the library's "
+        f"default ({DEFAULT_BUDGET:,}) and `max_tokens=<budget>`, as a bot that configures nothing "
+        "but the budget it passes (maintenance plans against the budget a conversation was last read "
+        "with; summary targets are given at `context_budget`)."
     )
 
 

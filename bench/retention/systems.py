@@ -238,6 +238,10 @@ def ours(
 
 #: Static retention of each variant also when read after every message ("read every turn").
 EVERY_TURN = ", read every turn"
+#: The library's own fallback budget (``context_budget``'s default) kept while the bot reads at
+#: ``<budget>``: what a bot that passes ``max_tokens`` and configures nothing else gets.
+DEFAULT_BUDGET = 8000
+OURS_DEFAULT_BUDGET = f"{OURS_RECALL}, context_budget {DEFAULT_BUDGET:,}{EVERY_TURN}"
 
 
 # -- peers without a store ----------------------------------------------------------------------------
@@ -376,6 +380,12 @@ SYSTEMS: tuple[System, ...] = (
     *(
         System(name + EVERY_TURN, ours(o, True), static=True, query=False)
         for name, o in OURS_VARIANTS.items()
+    ),
+    System(
+        OURS_DEFAULT_BUDGET,
+        ours(variant(True, context_budget=DEFAULT_BUDGET), True),
+        static=True,
+        query=False,
     ),
     System(RECENCY, Recency, static=True, query=True),
     System(LANGCHAIN, LangChain, static=True, query=False),
