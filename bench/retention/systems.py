@@ -26,7 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
-from tiered_history import CompressedContext, HistoryCompressor
+from tiered_history import CompressedContext, HistoryCompressor, Settings
 from tiered_history.tokens import TokenCounter
 
 from . import api, peers
@@ -240,7 +240,7 @@ def ours(
 EVERY_TURN = ", read every turn"
 #: The library's own fallback budget (``context_budget``'s default) kept while the bot reads at
 #: ``<budget>``: what a bot that passes ``max_tokens`` and configures nothing else gets.
-DEFAULT_BUDGET = 8000
+DEFAULT_BUDGET: int = Settings.model_fields["context_budget"].default
 OURS_DEFAULT_BUDGET = f"{OURS_RECALL}, context_budget {DEFAULT_BUDGET:,}{EVERY_TURN}"
 
 

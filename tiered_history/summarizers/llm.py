@@ -32,6 +32,7 @@ from datetime import datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..core.budget import MIN_TOPIC_TARGET
 from ..errors import ConfigurationError, SummarizerError
 from ..retry import summarizer_retrying
 from ..tokens import TokenCounter
@@ -49,8 +50,6 @@ INPUT_SHARE = 0.8
 #: Replies longer than this × target are cut.
 OUTPUT_SLACK = 1.2
 _MAX_DEPTH = 8  # chunk → merge levels; far more than any real window needs
-#: The shortest summary a small window is asked for before it is refused as too small.
-_MIN_TARGET = 40
 _BACKOFF_CAP = 4.0
 _ERROR_TEXT_LIMIT = 500
 
@@ -246,17 +245,18 @@ class LiteLLMSummarizer:
         litellm = await _load_litellm()
         started = time.perf_counter()
         tally = Spend()
-        limit = self._input_limit(litellm, target)
         # Merging needs room for at least two (bounded) summaries, or chunking never converges. A
         # model with a small window writes shorter summaries rather than none (the pipeline only
         # rejects answers over their target).
-        while limit < self._overhead("merge", target, note) + 3 * target and target > _MIN_TARGET:
-            target = max(target * 3 // 4, _MIN_TARGET)
+        while True:
             limit = self._input_limit(litellm, target)
-        if limit < self._overhead("merge", target, note) + 3 * target:
-            raise SummarizerError(
-                f"summariser window of {self._window} tokens is too small for {target}-token summaries"
-            )
+            if limit >= self._overhead("merge", target, note) + 3 * target:
+                break
+            if target <= MIN_TOPIC_TARGET:
+                raise SummarizerError(
+                    f"summariser window of {self._window} tokens is too small for {target}-token summaries"
+                )
+            target = max(target * 3 // 4, MIN_TOPIC_TARGET)
         text = await self._reduce(litellm, kind, blocks, target, note, limit, tally, depth=0)
         return SummaryResult(
             text=text,
