@@ -183,6 +183,14 @@ def test_halve_baseline_rewrites_only_when_it_halves(meeting: Meeting) -> None:
     assert r.rewrites(True) == sum(r.event) > 0 and r.rewrites(False) == 0 and r.losses_without_event() == 0
 
 
+async def test_summarization_prefix_replay_marks_its_summaries_as_events(meeting: Meeting) -> None:
+    r = await prefix.run_summarization(meeting.turns, 600)
+    assert r.system == systems.SUMMARIZATION and r.turns == len(meeting.turns) and len(r.event) == r.turns - 1
+    assert sum(r.event) > 0 and r.over_budget == 0
+    # Only its summaries rewrite what it sent before: between two of them it appends.
+    assert r.rewrites(False) == 0 and r.losses_without_event() == 0
+
+
 async def test_ours_prefix_replay_records_every_turn(meeting: Meeting) -> None:
     r = await prefix.run_ours(meeting.turns[:120], 1000, 10, systems.OURS)
     assert r is not None and r.turns == 120 and len(r.event) == 119

@@ -19,7 +19,9 @@ an end marker; cl100k_base for the text, markers that match no text token. Per t
 Ours: ``maintain(now=<turn time>)`` after every ``maintain_every`` turns (before that turn's
 ``get_context``), ``context_budget`` = ``max_tokens`` = the budget. Baseline "halve": append
 every turn; when the framed total exceeds the budget, drop the oldest turns until it is at
-most half the budget (each halving is its event).
+most half the budget (each halving is its event). pydantic-ai's summarisation processor, as in
+the static part (the same extractive summariser behind its model): each of its summaries is its
+event.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from typing import Any
 from tiered_history import HistoryCompressor
 from tiered_history.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
-from . import api
+from . import api, peers
 from .data import START, TURN_SECONDS, Turn, load_meeting, meeting_paths
-from .systems import OURS, OURS_VARIANTS
+from .systems import OURS, OURS_VARIANTS, SUMMARIZATION
 
 TURNS = 1500
 BUDGET = 4000
@@ -260,8 +262,31 @@ def run_halve(turns: Sequence[Turn], budget: int) -> PrefixResult:
     return res
 
 
-#: The systems of this part: our variants and the baseline.
-SYSTEMS = (*OURS_VARIANTS, HALVE)
+async def run_summarization(turns: Sequence[Turn], budget: int) -> PrefixResult:
+    """pydantic-ai's ``SummarizationProcessor`` run after every turn on the history it returned last."""
+    started = time.perf_counter()
+    counter = TokenCounter()
+    wire = Wire(counter)
+    res = PrefixResult(SUMMARIZATION, budget, 0, event_source="its own summaries")
+    model = peers.ExtractiveModel(counter, peers.summary_target(budget))
+    framed = peers.pydantic_counter(peers.Framed(counter, memo=True))
+    proc = peers.summarization(budget, framed, model.model())
+    state: list[Any] = []
+    prev: list[tuple[int, ...]] | None = None
+    calls = 0
+    for turn in turns:
+        state.append(peers.pydantic_request(turn))
+        state = (await proc.process(state)).messages
+        msgs = peers.pydantic_dicts(state)
+        res.over_budget += counter.messages_tokens(msgs) > budget
+        prev = _record(res, wire, msgs, prev, model.cost.calls != calls)
+        calls = model.cost.calls
+    res.seconds = time.perf_counter() - started
+    return res
+
+
+#: The systems of this part: our variants and the baselines.
+SYSTEMS = (*OURS_VARIANTS, HALVE, SUMMARIZATION)
 
 
 def run_prefix(args: tuple[str, tuple[Turn, ...], int, int]) -> PrefixResult | None:
@@ -269,4 +294,6 @@ def run_prefix(args: tuple[str, tuple[Turn, ...], int, int]) -> PrefixResult | N
     system, turns, budget, every = args
     if system == HALVE:
         return run_halve(turns, budget)
+    if system == SUMMARIZATION:
+        return asyncio.run(run_summarization(turns, budget))
     return asyncio.run(run_ours(turns, budget, every, system))

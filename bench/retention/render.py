@@ -324,7 +324,7 @@ def prefix_section(
     ran = [r for r in results if r is not None]
     budget = ran[0].budget if ran else 0
     every = next((r.maintain_every for r in ran if r.maintain_every), 0)
-    source = next((r.event_source for r in ran if r.system != HALVE), NA)
+    source = next((r.event_source for r in ran if r.system not in (HALVE, SUMMARIZATION)), NA)
     lines = [
         f"## {title}",
         "",
@@ -340,13 +340,16 @@ def prefix_section(
         "`get_context`.",
         f"- {HALVE}: every turn is appended; when the framed total exceeds the budget the oldest turns go "
         "until it is at most half the budget.",
+        f"- {SUMMARIZATION}: summarization-pydantic-ai's processor as in the static part (trigger at the "
+        "budget, keeps the newest half, one summary of the rest by the same extractive summariser), run "
+        "after every turn on the history it returned last; each of its summaries is its event.",
         "- Prefix share: per turn from the second, the longest common token prefix with the previous "
         "turn's context over this context's tokens; uncached tokens: this context's tokens beyond that "
         "prefix. A rewrite: the common prefix is less than half of the previous context. A loss: the "
         "common prefix is shorter than what the previous context held before its recall part (the whole "
         "context when the library does not mark where that starts). An event: a topic "
         "sealed, a summary written, a merge, a drop or a roll-up between the two turns "
-        f"(tiered_history: from {source}; the baseline: its halvings).",
+        f"(tiered_history: from {source}; the baselines: their halvings and summaries).",
         "",
         "### Results",
         "",
@@ -358,7 +361,7 @@ def prefix_section(
         cap = 2 * (halve.rewrites(True) + halve.rewrites(False))
         notes = []
         for r in ran:
-            if r.system == HALVE:
+            if r.system in (HALVE, SUMMARIZATION):
                 continue
             share = 100 * statistics.fmean(r.shares())
             total = r.rewrites(True) + r.rewrites(False)
