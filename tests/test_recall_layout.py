@@ -387,3 +387,29 @@ def test_excerpts_are_tried_a_bounded_number_of_times(monkeypatch: pytest.Monkey
     # Room for the note and a little more: no sentence of these answers fits.
     picked, _, _ = _recall(rows, [newest], _Block("topic"), _Block("bulk"), 100, measure)
     assert picked == [] and calls == [1, 2, 3, 4]
+
+
+def test_the_recall_note_names_each_stretch_recalled() -> None:
+    """Excerpts from far apart must not read as one stretch of conversation: the note names each
+    span (adjacent ones as one), and past a few of them their bounds and how many there are."""
+    from tiered_history.core.render import NOTE_SPANS, recall_note
+
+    msgs = [message(i, filler(i)) for i in range(1, 31)]
+    window = [message(31, "Which van leaves for which depot?")]
+    first_topic = summary(100, 1, 10, "Vans one to ten and their depots were listed with times.")
+    candidates = [
+        Recalled(10.0, summary=first_topic),
+        Recalled(8.5, messages=(msgs[10],)),  # 11: right after the summary's range
+        Recalled(5.0, messages=(msgs[14],)),
+        Recalled(4.0, messages=(msgs[16],)),
+    ]
+    rows = Rows(pinned=[], recent=[*msgs, *window], end_position=0, topics=[first_topic], recall=candidates)
+    picked, note, tokens = _recall(rows, window, _Block("topic"), _Block("bulk"), 2000, measure)
+    assert [(c.first, c.last) for c in picked] == [(1, 10), (11, 11), (15, 15), (17, 17)]
+    assert note.startswith("[Earlier conversation recalled for the newest message (messages 1–11, 15, 17; ")
+    assert tokens == measure(note)
+    day = T0
+    assert "(message 7; " in recall_note([(7, 7)], day, day)
+    many = [(10 * k, 10 * k + 2) for k in range(1, NOTE_SPANS + 2)]
+    expected = f"({NOTE_SPANS + 1} excerpts of messages 10–{10 * (NOTE_SPANS + 1) + 2}; "
+    assert expected in recall_note(many, day, day)

@@ -45,7 +45,7 @@ from .excerpt import matching_sentences
 from .framing import REPLY_PRIMING_TOKENS
 from .framing import TokenCounting as TokenCounter
 from .ranking import occurrences, query_words, recall_terms
-from .render import day_lines, item_line, recall_note, render_block
+from .render import NOTE_SPANS, day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
 
@@ -878,7 +878,9 @@ def _recall(
     picked: list[Recalled] = []
     spent = 0
     sample = datetime(2000, 1, 1, tzinfo=UTC)  # any date: the note's length hardly depends on it
-    note_estimate = measure(recall_note(1, start, sample, sample)) + 8
+    # As long as a note naming its most spans gets (a longer one is measured again at the end).
+    widest = [(start + 3 * k, start + 3 * k + 1) for k in range(NOTE_SPANS)]
+    note_estimate = measure(recall_note(widest, sample, sample)) + 8
     taken: set[int] = set()  # sequences already recalled (a call and its result both match)
     # What may be recalled at all, best first, with its cost: not in the context already (a summary
     # shown, a message in the window), no pinned message (those are sent first anyway).
@@ -932,13 +934,12 @@ def _recall(
     picked.sort(key=lambda c: (c.first, c.last))
     # The note names what was recalled and carries the recalled summaries as dated lines.
     while picked:
-        first = min(c.first for c in picked)
-        last = max(c.last for c in picked)
         times = [m.timestamp for c in picked for m in c.messages] + [
             t for c in picked if c.summary is not None for t in (c.summary.started_at, c.summary.ended_at)
         ]
         lines = [_line(c.summary) for c in picked if c.summary is not None]
-        note = "\n".join([recall_note(first, last, min(times), max(times)), *lines])
+        spans = [(c.first, c.last) for c in picked]
+        note = "\n".join([recall_note(spans, min(times), max(times)), *lines])
         note_tokens = measure(note)
         total = note_tokens + sum(_cost(c.messages) for c in picked)
         if total <= room:
