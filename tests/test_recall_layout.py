@@ -406,7 +406,7 @@ def test_the_recall_note_names_each_stretch_recalled() -> None:
     rows = Rows(pinned=[], recent=[*msgs, *window], end_position=0, topics=[first_topic], recall=candidates)
     picked, note, tokens = _recall(rows, window, _Block("topic"), _Block("bulk"), 2000, measure)
     assert [(c.first, c.last) for c in picked] == [(1, 10), (11, 11), (15, 15), (17, 17)]
-    assert note.startswith("[Earlier conversation recalled for the newest message (messages 1–11, 15, 17; ")
+    assert note.startswith("[Earlier conversation, recalled (messages 1–11, 15, 17; ")
     assert tokens == measure(note)
     day = T0
     assert "(message 7; " in recall_note([(7, 7)], day, day)
