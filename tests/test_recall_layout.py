@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tiered_history.core.assembly import Recalled, Rows, Shares, _Block, _recall, assemble, group_units
+from tiered_history.core.render import NOTE_SPANS, recall_note
 from tiered_history.core.state import WindowMark
 from tiered_history.models import CompressedContext, StoredMessage, Summary
 from tiered_history.tokens import TokenCounter
@@ -392,8 +393,6 @@ def test_excerpts_are_tried_a_bounded_number_of_times(monkeypatch: pytest.Monkey
 def test_the_recall_note_names_each_stretch_recalled() -> None:
     """Excerpts from far apart must not read as one stretch of conversation: the note names each
     span (adjacent ones as one), and past a few of them their bounds and how many there are."""
-    from tiered_history.core.render import NOTE_SPANS, recall_note
-
     msgs = [message(i, filler(i)) for i in range(1, 31)]
     window = [message(31, "Which van leaves for which depot?")]
     first_topic = summary(100, 1, 10, "Vans one to ten and their depots were listed with times.")

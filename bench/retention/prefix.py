@@ -39,9 +39,9 @@ from typing import Any
 from tiered_history import HistoryCompressor
 from tiered_history.tokens import REPLY_PRIMING_TOKENS, TokenCounter
 
-from . import api, peers
-from .data import START, TURN_SECONDS, Turn, load_meeting, meeting_paths
-from .systems import OURS, OURS_VARIANTS, SUMMARIZATION
+from . import api
+from .data import START, TURN_SECONDS, Meeting, Turn, load_meeting, meeting_paths
+from .systems import OURS, OURS_VARIANTS, SUMMARIZATION, Shared, Summarization
 
 TURNS = 1500
 BUDGET = 4000
@@ -263,30 +263,27 @@ def run_halve(turns: Sequence[Turn], budget: int) -> PrefixResult:
 
 
 async def run_summarization(turns: Sequence[Turn], budget: int) -> PrefixResult:
-    """pydantic-ai's ``SummarizationProcessor`` run after every turn on the history it returned last."""
+    """pydantic-ai's ``SummarizationProcessor``, the static part's replay of it, read after every turn."""
     started = time.perf_counter()
-    counter = TokenCounter()
-    wire = Wire(counter)
+    shared = Shared(Meeting(CONVERSATION, "", tuple(turns), (), 0, 0))
+    wire = Wire(shared.counter)
     res = PrefixResult(SUMMARIZATION, budget, 0, event_source="its own summaries")
-    model = peers.ExtractiveModel(counter, peers.summary_target(budget))
-    framed = peers.pydantic_counter(peers.Framed(counter, memo=True))
-    proc = peers.summarization(budget, framed, model.model())
-    state: list[Any] = []
+    replay = Summarization(shared, budget)
     prev: list[tuple[int, ...]] | None = None
     calls = 0
     for turn in turns:
-        state.append(peers.pydantic_request(turn))
-        state = (await proc.process(state)).messages
-        msgs = peers.pydantic_dicts(state)
-        res.over_budget += counter.messages_tokens(msgs) > budget
-        prev = _record(res, wire, msgs, prev, model.cost.calls != calls)
-        calls = model.cost.calls
+        await replay.add(turn)
+        msgs = await replay.context()
+        res.over_budget += shared.counter.messages_tokens(msgs) > budget
+        prev = _record(res, wire, msgs, prev, replay.model.cost.calls != calls)
+        calls = replay.model.cost.calls
     res.seconds = time.perf_counter() - started
     return res
 
 
-#: The systems of this part: our variants and the baselines.
-SYSTEMS = (*OURS_VARIANTS, HALVE, SUMMARIZATION)
+#: The baselines of this part (the cap on rewrites is the first one's), and all its systems.
+BASELINES = (HALVE, SUMMARIZATION)
+SYSTEMS = (*OURS_VARIANTS, *BASELINES)
 
 
 def run_prefix(args: tuple[str, tuple[Turn, ...], int, int]) -> PrefixResult | None:

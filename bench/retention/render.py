@@ -13,7 +13,7 @@ from . import api, report, systems
 from .bm25 import K1, B
 from .data import DOMAINS, STOPWORDS, TURN_SECONDS
 from .peers import SUMMARY_OVERHEAD
-from .prefix import HALVE, PrefixResult
+from .prefix import BASELINES, HALVE, PrefixResult
 from .replay import QUERY, STATIC, MeetingResult
 from .report import NA, Summary, pct, points, ratio
 from .speed import BUDGET as SPEED_BUDGET
@@ -324,7 +324,7 @@ def prefix_section(
     ran = [r for r in results if r is not None]
     budget = ran[0].budget if ran else 0
     every = next((r.maintain_every for r in ran if r.maintain_every), 0)
-    source = next((r.event_source for r in ran if r.system not in (HALVE, SUMMARIZATION)), NA)
+    source = next((r.event_source for r in ran if r.system not in BASELINES), NA)
     lines = [
         f"## {title}",
         "",
@@ -361,7 +361,7 @@ def prefix_section(
         cap = 2 * (halve.rewrites(True) + halve.rewrites(False))
         notes = []
         for r in ran:
-            if r.system in (HALVE, SUMMARIZATION):
+            if r.system in BASELINES:
                 continue
             share = 100 * statistics.fmean(r.shares())
             total = r.rewrites(True) + r.rewrites(False)
