@@ -489,6 +489,59 @@ def test_a_seal_keeps_the_summary_candidates_found_before(sql_url: str) -> None:
         assert after == before == _ranked(fs, query, "summary", 4)
 
 
+def test_kept_summary_lists_take_in_the_summaries_maintenance_adds(sql_url: str) -> None:
+    """When maintenance only summarises pending topics, a store's kept summary lists of single
+    words are brought up to date from the new summaries (no index search for those words), and
+    rank what a store keeping nothing ranks: below the cap, and (SQLite) past it, where the
+    newest rows by id are kept. A phrase's list is made again."""
+    from tiered_history.store.recall import CandidateCache
+
+    now = datetime.now(UTC)
+    n = 0
+
+    def topic(words: str) -> None:
+        nonlocal n
+        for k in range(2):
+            n += 1
+            at = now - timedelta(seconds=900 - n)
+            writer.add_message(CID, {"role": "user", "content": f"{words} {k}", "timestamp": at})
+        writer.seal_current_topic(CID)
+
+    searched: list[tuple[str, ...]] = []
+    with _kept_writer_fresh(sql_url) as (ks, writer, fs):
+        made = ks._fts_lists if ks._sqlite else ks._pg_lists
+
+        def recorded(cur: Any, at: Any, stale: dict[Any, Any]) -> Any:
+            if at.summary:
+                searched.extend(stale)
+            return made(cur, at, stale)
+
+        setattr(ks, "_fts_lists" if ks._sqlite else "_pg_lists", recorded)
+        for i in range(CANDIDATES_PER_WORD + 2):
+            topic(f"the zanzibar ferry timetable {i} harbour" if i % 2 else f"lantern harbour kite {i}")
+        writer.maintain(CID)
+        queries = ("zanzibar ferry", "harbour", "lantern oven")  # "harbour": in every topic
+        for query in queries:
+            _ranked(ks, query, "summary", 4)
+        for words in ("zanzibar ferry harbour", "oven ferry", "lantern"):
+            before = writer.reply.store.read_state(CID)
+            topic(words)
+            writer.maintain(CID)
+            after = writer.reply.store.read_state(CID)
+            assert before is not None and after is not None
+            assert after.compressions == before.compressions + 1
+            assert after.archive_count == before.archive_count  # nothing merged: only added
+            searched.clear()
+            for query in queries:
+                fs._recall = CandidateCache()
+                assert _ranked(ks, query, "summary", 4) == _ranked(fs, query, "summary", 4), (words, query)
+                q = parse_query(query)
+                assert ks.search(CID, q, 4, "summary") == fs.search(CID, q, 4, "summary"), (words, query)
+            # PostgreSQL extends a list past the cap ("harbour") only when no new summary holds it.
+            expected = [("harbour",)] if not ks._sqlite and "harbour" in words else []
+            assert sorted(g for g in searched if g != ("zanzibar", "ferry")) == expected, searched
+
+
 def test_postgresql_small_conversations_rank_as_the_index_would(pg_url: str, monkeypatch: Any) -> None:
     """A small conversation's candidates come from one statement over all its messages (or
     summaries), not one planned per word: the same ranking either way."""

@@ -15,7 +15,10 @@ of a read with recall on (8 ms of 9 at 100,000 messages on SQLite; 30-90 ms on P
 * summaries change in place (a pending topic gets its summary, topics merge into archives),
   so a word's list is valid only while the conversation's search key is the same: the state
   fields every such change moves, a seal excepted (it adds a pending topic, which no search
-  finds): :attr:`~..core.state.ConversationState.search_key`.
+  finds): :attr:`~..core.state.ConversationState.search_key`. When the key says the only
+  change was pending topics getting their first summaries (maintenance's usual step), a kept
+  list takes in those of the new summaries that hold its word (:func:`with_added`), and the
+  rows kept stay valid (:meth:`CandidateCache.lineage`).
 
 An entry is keyed by the conversation's row key and creation time (a conversation deleted and
 made again is another one), so what another process wrote is found by the same rules: the
@@ -28,7 +31,7 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.ranking import K1, B, idf
@@ -50,6 +53,9 @@ SMALL_SCAN = 64
 CACHED_WORDS = 8192
 #: Rows found by searches (messages, summaries) that a store keeps: recall finds many again and again.
 CACHED_ROWS = 2048
+#: Search keys remembered as reached from an earlier one by summaries added alone (rows kept then
+#: stay valid), across conversations.
+LINEAGES = 1024
 #: Rows with more characters than this (their text columns together) are read every time, so the
 #: rows kept stay small (about 1 MB for chat-sized messages, tens of MB at the very worst).
 CACHED_ROW_CHARS = 8192
@@ -75,6 +81,9 @@ class Candidates:
     dl: array[int] = field(default_factory=lambda: array("q"))
     tf: array[int] = field(default_factory=lambda: array("q"))
     """The group's occurrences in each row as our word split counts them; 0 until counted."""
+    seen: int = -1
+    """Summaries: the rows the database returned for the list, live or not (only live ones are
+    candidates, all count toward the cap); -1 where not known."""
     _positions: dict[int, int] | None = field(default=None, repr=False, compare=False)
 
     def positions(self) -> dict[int, int]:
@@ -127,8 +136,40 @@ def candidates(
     database returned before any was left out (a live-only filter), to tell whether it hit the cap."""
     ids, rec, dl, tf = zip(*rows, strict=True) if rows else ((), (), (), ())  # columns, in C
     return Candidates(
-        cap, upto, after, found >= cap, array("q", ids), array("q", rec), array("q", dl), array("q", tf)
+        cap,
+        upto,
+        after,
+        found >= cap,
+        array("q", ids),
+        array("q", rec),
+        array("q", dl),
+        array("q", tf),
+        found,
     )
+
+
+def with_added(
+    old: Candidates, added: Sequence[tuple[int, int, int, int]], upto: Any, by_recency: bool
+) -> Candidates | None:
+    """A summary list kept from before some summaries were written (and nothing else changed),
+    with those of them that hold its group (``added``: rows ``(id, recency, length, count)``):
+    what a search would find now, or ``None`` where the list cannot tell. A search finds a
+    group's newest ``cap`` rows, live or not, newest by id (SQLite) or by recency, then id
+    (``by_recency``: PostgreSQL, whose ties at the cap may fall either way, so there a list is
+    only extended below its cap). Rows the list's search found but left out (not live) have ids
+    it does not know: with any of them, it is extended only below the cap too."""
+    if not added:  # no row of it changed, none was added
+        return replace(old, upto=upto, _positions=None)
+    if old.seen < 0 or not set(old.ids).isdisjoint(i for i, _, _, _ in added):
+        return None
+    seen = old.seen + len(added)
+    if seen >= old.cap and (by_recency or old.seen > len(old.ids)):
+        return None
+    rows = [*zip(old.ids, old.rec, old.dl, old.tf, strict=True), *added]
+    rows.sort(key=(lambda x: (-x[1], -x[0])) if by_recency else (lambda x: -x[0]))
+    out = candidates(old.cap, upto, rows[: old.cap], min(seen, old.cap))
+    out.capped = out.capped or old.capped
+    return out
 
 
 def by_word(
@@ -154,6 +195,17 @@ class CandidateCache:
     def __init__(self, size: int = CACHED_WORDS, rows: int = CACHED_ROWS) -> None:
         self._lru: Lru[Candidates] = Lru(size)
         self._rows: Lru[Any] = Lru(rows)
+        self._lineage: Lru[str] = Lru(LINEAGES)
+
+    def lineage(self, conversation: str, key: Any) -> str:
+        """Under what a conversation's summary rows are kept at search key ``key``: the oldest key
+        since which summaries were only added (their other rows unchanged), else ``key``."""
+        own = f"{conversation}\x1f{key}"
+        return self._lineage.get(own) or own
+
+    def alias(self, conversation: str, before: Any, now: Any) -> None:
+        """From search key ``before`` to ``now`` summaries were only added: rows kept stay valid."""
+        self._lineage.put(f"{conversation}\x1f{now}", self.lineage(conversation, before))
 
     def rows(self, conversation: str, ids: Iterable[int]) -> dict[int, Any]:
         """The kept rows among ``ids`` of a conversation (as :meth:`keep_row` was given it)."""
@@ -183,6 +235,7 @@ class CandidateCache:
         """Drop a conversation's lists (it was deleted: a new one may get its key on SQLite)."""
         self._lru.drop(lambda key: key.startswith(f"{conv}:"))
         self._rows.drop(lambda key: key.startswith(f"{conv}:"))
+        self._lineage.drop(lambda key: key.startswith(f"{conv}:"))
 
 
 def collection(

@@ -63,6 +63,7 @@ from .recall import (
     candidates,
     collection,
     rank,
+    with_added,
 )
 
 T = TypeVar("T")
@@ -211,6 +212,12 @@ class Statements:
                 "WHERE x.conv = :conv AND x.status NOT IN ('pending', 'superseded') "
                 "ORDER BY x.last_seq DESC, x.id DESC LIMIT :lim"
             )
+            # The summaries written since a kept summary list (see ``_summary_additions``).
+            self.pg_added_summaries = s(
+                f"SELECT x.id, x.last_seq, s.dl, s.lexemes, s.ns FROM summaries x {counted} "
+                "WHERE x.conv = :conv AND x.last_seq > :after AND x.status NOT IN ('pending', 'superseded') "
+                "ORDER BY x.last_seq DESC, x.id DESC LIMIT :lim"
+            )
             self.pg_new_messages = s(
                 f"SELECT x.id, x.seq, s.dl, s.lexemes, s.ns FROM messages x {counted} "
                 "WHERE x.conv = :conv AND x.seq > :after AND x.seq <= :last ORDER BY x.seq DESC LIMIT :lim"
@@ -258,6 +265,13 @@ class Statements:
                 "SELECT s.id, s.last_seq, d.sz, s.content, s.status NOT IN ('pending', 'superseded') "
                 "FROM summaries s JOIN summaries_fts_docsize d ON d.id = s.id WHERE s.conv = :conv "
                 "ORDER BY s.id DESC LIMIT :lim"
+            )
+            # The live summaries covering messages after :after, with their length (FTS5's) and
+            # text: those written since a kept summary list was made (see ``_summary_additions``).
+            self.added_summaries = (
+                "SELECT s.id, s.last_seq, d.sz, s.content FROM summaries s JOIN summaries_fts_docsize d "
+                "ON d.id = s.id WHERE s.conv = :conv AND s.last_seq > :after "
+                "AND s.status NOT IN ('pending', 'superseded') ORDER BY s.id DESC LIMIT :lim"
             )
             self.fts_text_messages = (
                 "SELECT id, content FROM messages WHERE id IN (SELECT value FROM json_each(:ids)) "
@@ -929,6 +943,11 @@ class SQLStore:
         )
         weights = query.group_weights()
         lists, stale = self._lists(at, list(weights))
+        if summary and stale:
+            added = self._summary_additions(cur, at, stale)
+            lists.update(added)
+            for g, c in added.items():
+                self._recall.put(CandidateCache.key(at.conversation, kind, g), c)
         if stale:
             fresh = self._fts_lists(cur, at, stale) if self._sqlite else self._pg_lists(cur, at, stale)
             lists.update(fresh)
@@ -962,11 +981,76 @@ class SQLStore:
                 stale[g] = None
             elif c.upto == at.upto:
                 kept[g] = c
-            elif not at.summary and c.upto < at.upto:
-                stale[g] = c
+            elif at.summary or c.upto < at.upto:
+                stale[g] = c  # summaries: see ``_summary_additions``
             else:
                 stale[g] = None
         return kept, stale
+
+    def _summary_additions(
+        self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
+    ) -> dict[Group, Candidates]:
+        """Kept summary lists brought up to date, taken out of ``stale``, when the only change to
+        the summaries since they were made is that pending topics got their first summaries
+        (maintenance's usual step, about one reply in fifteen): the new rows are read once and
+        each word counted in Python, rather than every list made again by the index. The rest of
+        ``stale`` is left to be made from scratch (``None``).
+
+        The search key says so without reading a row: every event moves its first field by one;
+        a pending topic's first summary (and only it, of the events that leave the archive count,
+        the merged and the dropped marks alone) also moves ``compressions`` by one, while a
+        replacement in place, a reopened topic, a pin or a silence seal move the first field
+        alone. The summaries since are then the live ones after the old summarised mark, which
+        must be exactly as many as the key moved by. SQLite counts only plain texts (as FTS5
+        splits them) and single words; PostgreSQL counts the index's own words."""
+        fresh: dict[Group, Candidates] = {}
+        olds = {g: c for g, c in stale.items() if c is not None}
+        for g in olds:
+            stale[g] = None
+        singles = {g: g[0] for g in olds if len(g) == 1 and g[0].isalnum()}
+        now: tuple[int, ...] = at.upto
+        for before in {olds[g].upto for g in singles}:
+            if not _only_added(before, now):
+                continue
+            wanted = {g: w for g, w in singles.items() if olds[g].upto == before}
+            rows = self._added_rows(cur, at, before[2], now[0] - before[0], set(wanted.values()))
+            if rows is None:
+                continue
+            for g, w in wanted.items():
+                found = [(i, rec, dl, n) for i, rec, dl, counts in rows if (n := counts.get(w, 0))]
+                extended = with_added(olds[g], found, now, not self._sqlite)
+                if extended is not None:
+                    del stale[g]
+                    fresh[g] = extended
+            self._recall.alias(at.conversation, before, now)
+        return fresh
+
+    def _added_rows(
+        self, cur: Any, at: _Search, after: int, expected: int, wanted: set[str]
+    ) -> list[tuple[int, int, int, Mapping[str, int]]] | None:
+        """The live summaries covering messages after ``after`` as (id, last sequence, length,
+        each ``wanted`` word's count), if there are exactly ``expected`` of them; else ``None``."""
+        if self._sqlite:
+            cur.execute(self.q.added_summaries, {"conv": at.conv, "after": after, "lim": expected + 1})
+            found = cur.fetchall()
+            if len(found) != expected or not all(_plain(r[3]) for r in found):
+                return None
+            return [(int(r[0]), int(r[1]), _first_varint(r[2]), Counter(words(r[3]))) for r in found]
+        lexemes = {f"w{w}": w for w in wanted}
+        params = {"conv": at.conv, "after": after, "lexemes": list(lexemes), "lim": expected + 1}
+        cur.execute(self.q.pg_added_summaries, params)
+        found = cur.fetchall()
+        if len(found) != expected:
+            return None
+        return [
+            (
+                int(r[0]),
+                int(r[1]),
+                int(r[2]),
+                {lexemes[x]: int(n) for x, n in zip(r[3] or (), r[4] or (), strict=True)},
+            )
+            for r in found
+        ]
 
     def _fts_lists(
         self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
@@ -1181,7 +1265,7 @@ class SQLStore:
         if at.summary:
             sql = q.fts_rows_summaries if self._sqlite else q.pg_rows_summaries
             make: Callable[[Sequence[Any]], Any] = partial(self._summary, cid)
-            owner = f"{at.conversation}\x1f{at.upto}"
+            owner = self._recall.lineage(at.conversation, at.upto)
         else:
             sql = q.fts_rows_messages if self._sqlite else q.pg_rows_messages
             make = partial(self._message_after_id, cid)
@@ -1625,6 +1709,20 @@ def _few_others(at: _Search, old: Candidates, top: int) -> bool:
     than ids between)."""
     own = at.last - int(old.upto)
     return top - old.after <= 2 * own + RECENT_SCAN
+
+
+def _only_added(before: tuple[int, ...], now: tuple[int, ...]) -> bool:
+    """Whether the summaries changed from search key ``before`` to ``now`` only by pending topics'
+    first summaries (see ``SQLStore._summary_additions``): the archive count and the merged and
+    dropped marks the same, the other two fields moved alike (by the number of them)."""
+    moved = now[0] - before[0]
+    return (
+        moved > 0
+        and now[5] - before[5] == moved
+        and now[1] == before[1]
+        and now[3:5] == before[3:5]
+        and now[2] >= before[2]
+    )
 
 
 def _extended(old: Candidates | None, new: Candidates) -> Candidates:
