@@ -292,6 +292,65 @@ def test_kept_lists_brought_up_to_date_beside_other_conversations(sql_url: str, 
         assert taken == [True] * 3 + [False] * 3, taken
 
 
+def test_a_large_conversations_words_are_found_from_its_first_row(tmp_path: Path) -> None:
+    """SQLite: in a conversation holding most rows written since its first, a word's newest
+    matches (messages and summaries) are found by rowid from its first row, the conversation
+    read from the join, instead of by FTS5's conv column: the same rows, with other
+    conversations' rows before and among its own; where they are many, the conv column again."""
+    from tiered_history.store.recall import SMALL_SCAN, CandidateCache
+
+    url = f"sqlite:///{tmp_path / 'dense.db'}"
+    now = datetime.now(UTC)
+    n = 0
+
+    def add(h: SyncHistoryCompressor, cid: str, text: str) -> None:
+        nonlocal n
+        n += 1
+        h.add_message(cid, {"role": "user", "content": text, "timestamp": now - timedelta(seconds=5000 - n)})
+
+    def lists(store: SQLStore, query: str) -> list[Any]:
+        store._recall = CandidateCache()
+        return [_ranked(store, query, kind, 8) for kind in ("message", "summary")]
+
+    queries = ("ferry kite", "harbour", "lantern ferry oven", "zanzibar")
+    with SyncHistoryCompressor(url) as dense, SyncHistoryCompressor(url) as plain:
+        ds, ps = dense.reply.store, plain.reply.store
+        assert isinstance(ds, SQLStore) and isinstance(ps, SQLStore)
+        ps._dense_from = lambda cur, at: None  # type: ignore[method-assign]
+        taken: list[bool] = []
+        found = ds._dense_from
+
+        def recorded(cur: Any, at: Any) -> int | None:
+            first = found(cur, at)
+            taken.append(first is not None)
+            return first
+
+        ds._dense_from = recorded  # type: ignore[method-assign]
+        for i in range(20):  # another conversation's rows before the first of ours
+            add(dense, "other", f"ferry kite harbour lantern zanzibar {i}")
+        for i in range(2 * SMALL_SCAN + 6):
+            add(dense, CID, f"ferry harbour {i} lantern" if i % 3 else f"kite harbour oven {i}")
+            if i % 2:
+                dense.seal_current_topic(CID)
+            if i % 9 == 0:
+                add(dense, "other", f"ferry kite harbour zanzibar oven {i}")  # among ours
+        dense.maintain(CID)
+        state = ds.read_state(CID)
+        assert state is not None and state.topic_count + state.archive_count > SMALL_SCAN
+        for query in queries:
+            assert lists(ds, query) == lists(ps, query), query
+        assert taken and all(taken), taken
+        # Many rows of another conversation since ours began: FTS5's conv column again.
+        for i in range(4 * SMALL_SCAN):
+            add(dense, "other", f"ferry kite harbour lantern zanzibar oven {i}")
+            dense.seal_current_topic("other")
+        dense.maintain("other")
+        taken.clear()
+        for query in queries:
+            assert lists(ds, query) == lists(ps, query), query
+        assert taken and not any(taken), taken
+
+
 def test_kept_candidates_rank_what_a_fresh_search_ranks_in_any_script(sql_url: str) -> None:
     """The same with texts FTS5 and our word split may cut differently (letters beyond ASCII,
     private-use characters, words glued by punctuation) beside plain ones: SQLite brings kept

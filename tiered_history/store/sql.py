@@ -252,6 +252,26 @@ class Statements:
             )
             self.message_id_at = "SELECT id FROM messages WHERE conv = :conv AND seq = :seq"
             self.newest_message_id = "SELECT max(id) FROM messages"
+            # A word's newest matches in a conversation that holds most of the rows written since
+            # its first (``_dense_from``): the conversation taken by the join, the rows before its
+            # first left out by rowid (FTS5 seeks there), rather than by FTS5's conv column, whose
+            # list of every row of a large conversation costs two thirds of such a query.
+            self.fts_messages_from = newest.format(
+                "messages", "seq", "", " AND messages_fts.rowid >= :first AND +x.conv = :conv"
+            ).replace("MATCH :q", "MATCH :term")
+            self.fts_summaries_from = newest.format(
+                "summaries",
+                "last_seq",
+                ", x.status NOT IN ('pending', 'superseded')",
+                " AND summaries_fts.rowid >= :first AND +x.conv = :conv",
+            ).replace("MATCH :q", "MATCH :term")
+            self.first_message_id = "SELECT id FROM messages WHERE conv = :conv ORDER BY seq LIMIT 1"
+            self.first_summary_id = (
+                "SELECT min(id) FROM (SELECT id FROM (SELECT id FROM summaries WHERE conv = :conv "
+                "AND kind = 'topic' ORDER BY ordinal LIMIT 1) UNION ALL SELECT id FROM (SELECT id "
+                "FROM summaries WHERE conv = :conv AND kind = 'bulk' ORDER BY ordinal LIMIT 1))"
+            )
+            self.newest_summary_id = "SELECT max(id) FROM summaries"
             # The messages written since kept lists were made (a few), newest first, with their
             # length (FTS5's) and text: what each word's list lacks, counted in Python.
             self.fts_new_messages = (
@@ -1069,11 +1089,16 @@ class SQLStore:
             after = int(found_id[0]) if found_id else 0
         # The newest message id of all, when a kept list is to be brought up to date.
         top = self._newest_id(cur) if any(old is not None and old.after for old in stale.values()) else 0
+        scratch = summary or any(old is None or not old.after for old in stale.values())
+        first = self._dense_from(cur, at) if scratch else None
         for g, old in stale.items():
             # Words hold letters and digits only: quoted, nothing in them is FTS5 syntax.
             term = f'content : "{" ".join(g)}"'
             match = f'conv : "{at.conv}" AND {term}'
-            if summary:
+            if (summary or old is None or not old.after) and first is not None:
+                sql = q.fts_summaries_from if summary else q.fts_messages_from
+                cur.execute(sql, {"term": term, "first": first, "conv": at.conv, "lim": at.cap})
+            elif summary:
                 cur.execute(q.fts_summaries, {"q": match, "lim": at.cap})
             elif old is None or not old.after:
                 cur.execute(q.fts_messages, {"q": match, "lim": at.cap})
@@ -1087,6 +1112,31 @@ class SQLStore:
             found = [(r[0], r[1], _first_varint(r[2]), 0) for r in rows if not summary or r[3]]
             fresh[g] = _extended(old, candidates(at.cap, at.upto, found, len(rows), after))
         return {g: fresh[g] for g in order}
+
+    def _dense_from(self, cur: Any, at: _Search) -> int | None:
+        """SQLite: the conversation's first row id (messages or summaries, as ``at`` searches), when
+        it holds most of the rows written since (of other conversations at most as many as its
+        own, and :data:`RECENT_SCAN` more): then a word's newest matches are found from there by
+        rowid, each row's conversation read from the join (see ``fts_messages_from``). A
+        conversation's rows are written in order (of sequence; of ordinal, per kind of summary),
+        each with a greater id than any row then stored, so its first ones have the least ids: two
+        index seeks at most, read each time (a conversation deleted and restored elsewhere may
+        start lower)."""
+        if not self._sqlite:
+            return None
+        own = int(at.body.get("topics", 0)) + int(at.body.get("archives", 0)) if at.summary else at.last
+        if own <= SMALL_SCAN:
+            return None
+        cur.execute(self.q.first_summary_id if at.summary else self.q.first_message_id, {"conv": at.conv})
+        found = cur.fetchone()
+        if not found or found[0] is None:
+            return None
+        first = int(found[0])
+        cur.execute(self.q.newest_summary_id if at.summary else self.q.newest_message_id)
+        top = cur.fetchone()
+        if not top or top[0] is None:
+            return None
+        return first if int(top[0]) - first < 2 * own + RECENT_SCAN else None
 
     def _newest_id(self, cur: Any) -> int:
         cur.execute(self.q.newest_message_id)
