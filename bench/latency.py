@@ -17,7 +17,8 @@ merges and drops with the real code.
 The read-path table (``measure_reads``, skip with ``--no-reads``) times the sync
 ``get_context`` with recall on and off in two patterns: the same call repeated (the
 context cache answers after one primary-key read) and the reply pattern (``add_message``,
-then ``get_context``: built again, recall searching the new message). Each call is followed
+then ``get_context``: built again, recall searching the new message), also with a worker's
+``maintain()`` every ``WORKER_EVERY`` replies. Each call is followed
 by the floor: one bare indexed query reading the same rows with sqlite3 or psycopg.
 """
 
@@ -55,6 +56,8 @@ from tiered_history.store.schema import summaries as S
 
 PG_ADMIN_URL = os.environ.get("TIERED_HISTORY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 MAX_TOKENS = 8000
+#: The read path's third pattern runs a worker's ``maintain()`` after every this many replies.
+WORKER_EVERY = 10
 
 _COMMON_TEXT = (
     "the a to and of in that is it for on with as this was be at by not are from or have an "
@@ -325,9 +328,10 @@ def _timed(fn: Callable[[], Any]) -> float:
 def measure_reads(url: str, cid: str, calls: int, warmup: int) -> list[ReadRow]:
     """get_context(8k) p50/p99 with recall on and off: the same call repeated (a cache hit: the
     conversation did not change), and the reply pattern (add_message, then get_context: the
-    context is built again). Each call is followed by the floor read of the same rows."""
+    context is built again), without and with a worker's maintenance step every
+    :data:`WORKER_EVERY` replies. Each call is followed by the floor read of the same rows."""
     out: list[ReadRow] = []
-    replies = iter(generate(2 * (calls + warmup) * 2 + 2, seed=99))
+    replies = iter(generate(2 * (calls + warmup) * 2 * 2 + 2, seed=99))
     for recall in (True, False):
         h = SyncHistoryCompressor(url, recall={"enabled": recall})
         read = partial(h.get_context, cid, MAX_TOKENS)
@@ -351,6 +355,22 @@ def measure_reads(url: str, cid: str, calls: int, warmup: int) -> list[ReadRow]:
                     base.append(b)
                 h.add_message(cid, {"role": "assistant", "content": next(replies).content, "timestamp": now})
             pattern = "read after a write (add_message, then get_context)"
+            out.append(ReadRow(recall, pattern, summarize_ms(took), summarize_ms(base)))
+            # The same with a worker's step every WORKER_EVERY replies (maintain(): the topics
+            # sealed since are summarised, maybe merged), as when the background worker runs: the
+            # read after it finds new summaries.
+            took, base = [], []
+            for i in range(warmup // 2 + calls):
+                now = datetime.now(UTC)
+                h.add_message(cid, {"role": "user", "content": next(replies).content, "timestamp": now})
+                a, b = _timed(read), _timed(floor)
+                if i >= warmup // 2:
+                    took.append(a)
+                    base.append(b)
+                h.add_message(cid, {"role": "assistant", "content": next(replies).content, "timestamp": now})
+                if i % WORKER_EVERY == WORKER_EVERY - 1:
+                    h.maintain(cid)
+            pattern = f"read after a write, maintain() every {WORKER_EVERY} replies"
             out.append(ReadRow(recall, pattern, summarize_ms(took), summarize_ms(base)))
         finally:
             floor.close()
@@ -554,7 +574,9 @@ def render(
             "",
             "A repeated read finds the conversation unchanged (one primary-key read, the kept context); "
             "a read after a write follows `add_message` (the reply pattern), so the context is built "
-            "again (recall searches the newest user message). The floor is one bare indexed query "
+            "again (recall searches the newest user message); with `maintain()` every "
+            f"{WORKER_EVERY} replies, as the background worker would run it, the read after it finds "
+            "the topics sealed since summarised. The floor is one bare indexed query "
             "reading the same rows (messages, pinned, summaries shown) with sqlite3/psycopg, timed "
             "right after each call.",
             "",
