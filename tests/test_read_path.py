@@ -96,6 +96,52 @@ def test_a_repeated_read_costs_one_primary_key_read(sql_url: str) -> None:
         assert asked.recall_query in ("", "harbour")
 
 
+def test_the_read_after_a_seal_reads_no_summary_again(sql_url: str) -> None:
+    """A seal adds a pending topic, which no read returns: the summary rows kept from the read
+    before serve the read after it (no summary statement), and it builds the context a compressor
+    keeping nothing builds; the read after maintenance summarised the topic reads them again."""
+    now = datetime.now(UTC)
+    n = 0
+
+    def add(h: SyncHistoryCompressor, text: str) -> None:
+        nonlocal n
+        n += 1
+        at = now - timedelta(seconds=600 - n)
+        h.add_message(CID, {"role": "user" if n % 2 else "assistant", "content": text, "timestamp": at})
+
+    with SyncHistoryCompressor(sql_url) as h, SyncHistoryCompressor(sql_url) as fresh:
+        for topic in ("ferry timetable", "lantern repair", "pasta recipe", "budget review"):
+            for i in range(4):
+                detail = " ".join(
+                    f"{topic.split()[0]}{k} costs {i * k} crowns on day {k}." for k in range(12)
+                )
+                add(h, f"the {topic} again, point {i}: {detail}")
+            h.seal_current_topic(CID)
+        h.maintain(CID)
+        for text in ("the kite festival", "the kite festival, first of all"):  # read as a bot reads
+            add(h, text)
+            h.get_context(CID, 1500)
+        asked: list[Any] = []
+        read = h.reply.store.read_context
+
+        def recorded(cid: str, request: Any, version: Any = None) -> Any:
+            asked.append(request)
+            return read(cid, request, version)
+
+        h.reply.store.read_context = recorded  # type: ignore[method-assign]
+        add(h, "the kite festival, more of it")
+        h.seal_current_topic(CID)  # a pending topic
+        add(h, "a seventh topic: the harbour")
+        sealed = h.get_context(CID, 1500)
+        assert asked and asked[-1].summaries == () and asked[-1].summary_ids == ()
+        assert sealed.historical_topics or sealed.bulk_archives
+        assert fresh.get_context(CID, 1500) == sealed
+        h.maintain(CID)  # the pending topic gets its summary: the rows are read again
+        summarised = h.get_context(CID, 1500)
+        assert asked[-1].summaries != ()
+        assert fresh.get_context(CID, 1500) == summarised
+
+
 def test_what_a_caller_changes_in_a_context_is_not_kept(sql_url: str) -> None:
     with SyncHistoryCompressor(sql_url) as h:
         for i in range(6):

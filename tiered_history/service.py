@@ -787,9 +787,11 @@ class ReplyPath:
             if state is None:
                 raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
             request = self._request(state, max_tokens)
-            # Summary rows change only with the state's summaries key (a new conversation of the
-            # same id starts again from zero: its creation time tells them apart).
-            skey = (state.created_at, state.summaries_key, request.summaries, request.summary_ids)
+            # The summary rows read (live ones, no pending topic) change only with the state's
+            # search key, which a seal leaves alone (the pending topic it adds is not read): the
+            # read after a seal reads no summary again. A new conversation of the same id starts
+            # again from zero: its creation time tells them apart.
+            skey = (state.created_at, state.search_key, request.summaries, request.summary_ids)
             summaries = self.contexts.summaries(conversation_id, skey)
             if summaries is not None:
                 request = replace(request, summaries=(), summary_ids=())

@@ -223,15 +223,6 @@ class WindowMark:
         return cls(int(v[0]), int(v[1]), int(v[2]), shown, seal_at)
 
 
-#: The names, in a state's document (:meth:`ConversationState.body`), of its ``summaries_key``.
-SUMMARIES_KEY = ("epoch", "topics", "archives", "summarized", "merged", "dropped", "compressions", "start")
-
-
-def summaries_key(body: Mapping[str, Any]) -> tuple[int, ...]:
-    """:attr:`ConversationState.summaries_key` read from a state's parsed document."""
-    return tuple(int(body.get(k, 0)) for k in SUMMARIES_KEY)
-
-
 def search_key(body: Mapping[str, Any]) -> tuple[int, ...]:
     """:attr:`ConversationState.search_key` read from a state's parsed document."""
     return (
@@ -324,22 +315,6 @@ class ConversationState:
         if self.silence_due_at is not None:
             times.append(self.silence_due_at)
         return min(times) if times else None
-
-    @property
-    def summaries_key(self) -> tuple[int, ...]:
-        """What every change to this conversation's summary rows moves (a summary written, a
-        topic sealed or reopened, a merge, a roll-up, an archive dropped): while it stays the
-        same, so do they. In :data:`SUMMARIES_KEY`'s order (its names in :meth:`body`)."""
-        return (
-            self.epoch,
-            self.topic_count,
-            self.archive_count,
-            self.summarized_upto,
-            self.topics_merged_upto,
-            self.archives_dropped_upto,
-            self.compressions,
-            self.topic_start_seq,
-        )
 
     @property
     def search_key(self) -> tuple[int, ...]:
