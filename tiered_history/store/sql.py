@@ -1027,6 +1027,9 @@ class SQLStore:
         olds = {g: c for g, c in stale.items() if c is not None}
         for g in olds:
             stale[g] = None
+        few = int(at.body.get("topics", 0)) + int(at.body.get("archives", 0))
+        if few <= (SMALL_SCAN if self._sqlite else min(at.cap, SMALL_CONVERSATION)):
+            return fresh  # one read of all its summaries makes every word's list anyway
         singles = {g: g[0] for g in olds if len(g) == 1 and g[0].isalnum()}
         now: tuple[int, ...] = at.upto
         for before in {olds[g].upto for g in singles}:
