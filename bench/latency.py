@@ -325,6 +325,34 @@ def _timed(fn: Callable[[], Any]) -> float:
     return (time.perf_counter() - t) * 1000
 
 
+def _reply_reads(
+    h: SyncHistoryCompressor,
+    cid: str,
+    read: Callable[[], Any],
+    floor: FloorRead,
+    replies: Iterator[Msg],
+    calls: int,
+    skip: int,
+    every: int,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The reply pattern (add_message, get_context, add_message) ``skip + calls`` times, with
+    ``maintain()`` after every ``every`` replies (0: never): the timed reads and their floors,
+    the first ``skip`` left out."""
+    took: list[float] = []
+    base: list[float] = []
+    for i in range(skip + calls):
+        now = datetime.now(UTC)
+        h.add_message(cid, {"role": "user", "content": next(replies).content, "timestamp": now})
+        a, b = _timed(read), _timed(floor)
+        if i >= skip:
+            took.append(a)
+            base.append(b)
+        h.add_message(cid, {"role": "assistant", "content": next(replies).content, "timestamp": now})
+        if every and i % every == every - 1:
+            h.maintain(cid)
+    return summarize_ms(took), summarize_ms(base)
+
+
 def measure_reads(url: str, cid: str, calls: int, warmup: int) -> list[ReadRow]:
     """get_context(8k) p50/p99 with recall on and off: the same call repeated (a cache hit: the
     conversation did not change), and the reply pattern (add_message, then get_context: the
@@ -345,33 +373,24 @@ def measure_reads(url: str, cid: str, calls: int, warmup: int) -> list[ReadRow]:
                     took.append(a)
                     base.append(b)
             out.append(ReadRow(recall, "repeated read (cache hit)", summarize_ms(took), summarize_ms(base)))
-            took, base = [], []
-            for i in range(warmup // 2 + calls):
-                now = datetime.now(UTC)
-                h.add_message(cid, {"role": "user", "content": next(replies).content, "timestamp": now})
-                a, b = _timed(read), _timed(floor)
-                if i >= warmup // 2:
-                    took.append(a)
-                    base.append(b)
-                h.add_message(cid, {"role": "assistant", "content": next(replies).content, "timestamp": now})
-            pattern = "read after a write (add_message, then get_context)"
-            out.append(ReadRow(recall, pattern, summarize_ms(took), summarize_ms(base)))
+            out.append(
+                ReadRow(
+                    recall,
+                    "read after a write (add_message, then get_context)",
+                    *_reply_reads(h, cid, read, floor, replies, calls, warmup // 2, 0),
+                )
+            )
             # The same with a worker's step every WORKER_EVERY replies (maintain(): the topics
             # sealed since are summarised, maybe merged), as when the background worker runs: the
             # read after it finds new summaries.
-            took, base = [], []
-            for i in range(warmup // 2 + calls):
-                now = datetime.now(UTC)
-                h.add_message(cid, {"role": "user", "content": next(replies).content, "timestamp": now})
-                a, b = _timed(read), _timed(floor)
-                if i >= warmup // 2:
-                    took.append(a)
-                    base.append(b)
-                h.add_message(cid, {"role": "assistant", "content": next(replies).content, "timestamp": now})
-                if i % WORKER_EVERY == WORKER_EVERY - 1:
-                    h.maintain(cid)
             pattern = f"read after a write, maintain() every {WORKER_EVERY} replies"
-            out.append(ReadRow(recall, pattern, summarize_ms(took), summarize_ms(base)))
+            out.append(
+                ReadRow(
+                    recall,
+                    pattern,
+                    *_reply_reads(h, cid, read, floor, replies, calls, warmup // 2, WORKER_EVERY),
+                )
+            )
         finally:
             floor.close()
             h.close()
