@@ -524,6 +524,11 @@ class _Search:
     def summary(self) -> bool:
         return self.kind != "message"
 
+    @property
+    def summary_rows(self) -> int:
+        """The conversation's topics and archives, as its state counts them."""
+        return int(self.body.get("topics", 0)) + int(self.body.get("archives", 0))
+
 
 class _Rollback(Exception):
     def __init__(self, outcome: Outcome) -> None:
@@ -963,16 +968,12 @@ class SQLStore:
         )
         weights = query.group_weights()
         lists, stale = self._lists(at, list(weights))
-        if summary and stale:
-            added = self._summary_additions(cur, at, stale)
-            lists.update(added)
-            for g, c in added.items():
-                self._recall.put(CandidateCache.key(at.conversation, kind, g), c)
+        fresh = self._summary_additions(cur, at, stale) if summary and stale else {}
         if stale:
-            fresh = self._fts_lists(cur, at, stale) if self._sqlite else self._pg_lists(cur, at, stale)
-            lists.update(fresh)
-            for g, c in fresh.items():
-                self._recall.put(CandidateCache.key(at.conversation, kind, g), c)
+            fresh.update(self._fts_lists(cur, at, stale) if self._sqlite else self._pg_lists(cur, at, stale))
+        lists.update(fresh)
+        for g, c in fresh.items():
+            self._recall.put(CandidateCache.key(at.conversation, kind, g), c)
         # Messages: the conversation's own mean length; the candidates' only for summaries.
         n, avg = collection(summary, body, _lengths(lists) if summary else [], last)
 
@@ -1007,6 +1008,12 @@ class SQLStore:
                 stale[g] = None
         return kept, stale
 
+    def _few_summaries(self, at: _Search) -> bool:
+        """Whether one read of all the conversation's summaries makes its summary lists (SQLite: at
+        most :data:`SMALL_SCAN` of them; PostgreSQL: at most the cap and
+        :data:`SMALL_CONVERSATION`) rather than a search per word."""
+        return at.summary_rows <= (SMALL_SCAN if self._sqlite else min(at.cap, SMALL_CONVERSATION))
+
     def _summary_additions(
         self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
     ) -> dict[Group, Candidates]:
@@ -1027,8 +1034,7 @@ class SQLStore:
         olds = {g: c for g, c in stale.items() if c is not None}
         for g in olds:
             stale[g] = None
-        few = int(at.body.get("topics", 0)) + int(at.body.get("archives", 0))
-        if few <= (SMALL_SCAN if self._sqlite else min(at.cap, SMALL_CONVERSATION)):
+        if self._few_summaries(at):
             return fresh  # one read of all its summaries makes every word's list anyway
         singles = {g: g[0] for g in olds if len(g) == 1 and g[0].isalnum()}
         now: tuple[int, ...] = at.upto
@@ -1127,7 +1133,7 @@ class SQLStore:
         start lower)."""
         if not self._sqlite:
             return None
-        own = int(at.body.get("topics", 0)) + int(at.body.get("archives", 0)) if at.summary else at.last
+        own = at.summary_rows if at.summary else at.last
         if own <= SMALL_SCAN:
             return None
         cur.execute(self.q.first_summary_id if at.summary else self.q.first_message_id, {"conv": at.conv})
@@ -1203,7 +1209,7 @@ class SQLStore:
         As FTS5 finds them: each word's newest ``cap`` matching rows count toward the cap, the
         live ones are its candidates. Taken out of ``stale``; phrases stay there."""
         wanted = [g for g in stale if len(g) == 1 and g[0].isalnum()]
-        if not wanted or int(at.body.get("topics", 0)) + int(at.body.get("archives", 0)) > SMALL_SCAN:
+        if not wanted or not self._few_summaries(at):
             return {}
         cur.execute(self.q.fts_few_summaries, {"conv": at.conv, "lim": SMALL_SCAN + 1})
         rows = cur.fetchall()
@@ -1231,8 +1237,7 @@ class SQLStore:
         themselves; the rest from one statement of each word's newest matches."""
         fresh: dict[Group, Candidates] = {}
         if at.summary:
-            few = int(at.body.get("topics", 0)) + int(at.body.get("archives", 0))
-            if few <= min(at.cap, SMALL_CONVERSATION):
+            if self._few_summaries(at):
                 fresh.update(self._pg_few_summaries(cur, at, stale))
         else:
             fresh.update(self._pg_new_messages(cur, at, stale))
