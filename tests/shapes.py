@@ -192,6 +192,21 @@ def _openai_sdk_refusal() -> tuple[object, dict[str, Any]]:
     }
 
 
+def _openai_sdk_text_and_refusal() -> tuple[object, dict[str, Any]]:
+    # A string content beside a refusal: the content comes back as it was, the refusal beside it.
+    return _openai_message(content="Here is part of it.", refusal="I can't do the rest."), {
+        "content": "Here is part of it.",
+        "refusal": "I can't do the rest.",
+        "role": "assistant",
+    }
+
+
+def _openai_sdk_text_and_audio() -> tuple[object, dict[str, Any]]:
+    audio = {"id": "audio_def456", "data": wav_base64(0.1), "expires_at": 1_900_000_000, "transcript": "Hi!"}
+    expected = {"content": "Hi!", "role": "assistant", "audio": audio}
+    return _openai_message(content="Hi!", audio=audio), expected
+
+
 def _openai_sdk_annotations() -> tuple[object, dict[str, Any]]:
     annotation = {
         "type": "url_citation",
@@ -378,6 +393,13 @@ SHAPES: list[Shape] = [
     Shape("openai-sdk-refusal", _openai_sdk_refusal, "I can't help with that.", "assistant"),
     Shape("input-audio", _input_audio, "Transcribe this.\n[audio]", "user"),
     Shape("openai-sdk-audio-reply", _openai_sdk_audio, "Hi!", "assistant"),
+    Shape(
+        "openai-sdk-text-and-refusal",
+        _openai_sdk_text_and_refusal,
+        "Here is part of it.\nI can't do the rest.",
+        "assistant",
+    ),
+    Shape("openai-sdk-text-and-audio", _openai_sdk_text_and_audio, "Hi!\nHi!", "assistant"),
     Shape("file-part-typeddict", _file_part, "[file: report.pdf]\nSummarise the report.", "user"),
     Shape("openai-sdk-annotations", _openai_sdk_annotations, "Sunny.", "assistant"),
     Shape("unknown-part-and-field", _unknown_part_and_field, "Cache this prefix.\n[document]", "user"),

@@ -494,7 +494,7 @@ async def test_tool_result_without_matching_call_is_rejected(hc: HistoryCompress
         fresh,
         lambda: hc.add_message(fresh, result),
         InvalidMessageError,
-        "'nope' answers no open tool call",
+        "^tool result 'nope' answers no open tool call",  # one message: no "message 0 of the batch"
     )
     cid = await existing(hc)
     await assert_rejected(

@@ -54,6 +54,25 @@ async def test_every_shape_round_trips_through_get_context_within_budget(url: st
         assert small.total_tokens <= 2000 and small.to_messages()[-1] == built[-1][1]
 
 
+async def test_changing_the_messages_sent_changes_nothing_kept(url: str) -> None:
+    # A prompt-cache recipe marks a content part in place; a tool loop may edit arguments.
+    part = {"type": "text", "text": "What is in this file?"}
+    call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+    async with HistoryCompressor.from_url(url) as hc:
+        await hc.add_message("c", {"role": "user", "content": [part]})
+        await hc.add_message("c", {"role": "assistant", "content": None, "tool_calls": [call]})
+        await hc.add_message("c", {"role": "tool", "tool_call_id": "c1", "content": "nothing"})
+        first = await hc.get_context("c", 500)
+        before = json.loads(json.dumps(first.to_messages()))  # a copy of its own
+        sent = first.to_messages()
+        sent[0]["content"][0]["cache_control"] = {"type": "ephemeral", "note": "x" * 2000}
+        sent[1]["tool_calls"][0]["function"]["arguments"] = '{"path": "/etc/passwd"}'
+        assert first.to_messages() == before
+        assert (await hc.get_context("c", 500)).to_messages() == before
+        await hc.add_message("c", {"role": "user", "content": "thanks"})
+        assert (await hc.get_context("c", 500)).to_messages()[:3] == before
+
+
 async def test_a_litellm_message_is_stored_as_it_came() -> None:
     import os
 

@@ -230,6 +230,12 @@ def test_non_string_keys_are_rejected() -> None:
     rejected({"role": "user", "content": "hi", 1: "x"}, "field names must be strings")
 
 
+@pytest.mark.parametrize("value", [True, False, None, "x"])
+def test_the_stores_own_no_content_mark_is_a_reserved_field_name(value: object) -> None:
+    # Stored beside the message, it would take its content away when the message is sent back.
+    rejected({"role": "user", "content": "hello", "~no-content": value}, "'~no-content' is reserved")
+
+
 # -- role and name (issue 17 item 7) ----------------------------------------------------------
 
 

@@ -65,6 +65,7 @@ from typing import Any, Final, NoReturn
 from pydantic import TypeAdapter, ValidationError
 
 from .errors import InvalidMessageError
+from .models import NO_CONTENT
 
 ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 #: Our keys, read from the message and never sent to the provider.
@@ -331,6 +332,8 @@ def normalize_message(message: object, *, now: datetime) -> NormalizedMessage:
     message cannot be stored and sent back as it is.
     """
     raw = _raw_fields(message)
+    if NO_CONTENT in raw:  # the store's own mark of a message without content
+        _fail(NO_CONTENT, f"the field name {NO_CONTENT!r} is reserved")
     pinned = raw.pop("pinned", None)
     timestamp = raw.pop("timestamp", None)
     metadata = raw.pop("metadata", None)

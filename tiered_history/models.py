@@ -215,7 +215,10 @@ class StoredMessage:
         to ``content`` or to its head + tail form when given or needed)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.extra:
-            out.update(self.extra)
+            # Copies of the nested parts: the caller may change what it is given (a prompt-cache
+            # recipe adds ``cache_control`` to a content part) without changing the rows kept
+            # here for the next contexts.
+            out.update({k: _owned(v) for k, v in self.extra.items()})
             if NO_CONTENT in out:
                 del out[NO_CONTENT], out["content"]
         if content is not None or self.truncated_content is not None:
@@ -223,7 +226,7 @@ class StoredMessage:
         if self.name is not None:
             out["name"] = self.name
         if self.tool_calls is not None:
-            out["tool_calls"] = self.tool_calls
+            out["tool_calls"] = _owned(self.tool_calls)
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         return out
@@ -443,3 +446,15 @@ class ConversationStats:
     summarizer_prompt_tokens: int
     summarizer_completion_tokens: int
     summarizer_cost: float
+    summaries_provisional: int = 0
+    """Topic summaries and archives written by the fallback summariser while the configured one
+    failed, to be summarised again (a count that grows: the summariser keeps failing)."""
+
+
+def _owned(value: Any) -> Any:
+    """A copy of a JSON value's lists and objects (strings and numbers are shared: immutable)."""
+    if isinstance(value, dict):
+        return {k: _owned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_owned(v) for v in value]
+    return value

@@ -355,15 +355,20 @@ class ReplyPath:
         full = self.counter.message_tokens(payload)
         content = payload.get("content")
         if isinstance(content, str):
-            # The text is kept in its own column; the rest of the message as given.
+            # The content is kept in its own column, exactly as given (a refusal or an audio
+            # transcript beside it stays in the rest of the message); the rest as given.
             wire = {k: v for k, v in payload.items() if k not in ("role", "content")}
+            text = content
         else:
+            # Parts (or none): the column holds their text, for search and summaries; the message
+            # is sent back from the parts as given.
             wire = {k: v for k, v in payload.items() if k != "role"}
             if "content" not in payload:
                 wire[NO_CONTENT] = True
+            text = n.text
         return Incoming(
             role=n.role,
-            content=n.text,
+            content=text,
             wire=wire or None,
             timestamp=n.timestamp,
             token_count=full,
@@ -373,7 +378,7 @@ class ReplyPath:
             tool_call_id=n.tool_call_id,
             metadata=n.metadata or None,
             reply_to=reply_sequence(n.metadata),
-            words=word_count(n.text),
+            words=word_count(text),
         )
 
     def _commit_planned(
@@ -462,7 +467,13 @@ class ReplyPath:
         """Store one message; returns it and whether the open topic was sealed before it."""
         validate_conversation_id(conversation_id)
         origin = self._origin(platform, channel, user_id)
-        stored, sealed = self._append(conversation_id, [self.prepare(message)], origin)
+        try:
+            stored, sealed = self._append(conversation_id, [self.prepare(message)], origin)
+        except InvalidMessageError as exc:
+            if exc.index is None:
+                raise
+            # Planned as a batch of one: the caller gave one message, not a batch to point into.
+            raise InvalidMessageError(str(exc).removeprefix(f"message {exc.index} of the batch: ")) from None
         return stored[0], sealed
 
     def add_messages(
