@@ -260,6 +260,21 @@ def test_db_upgrade_and_current(db: str) -> None:
     assert "(head)" in ok(db, "db", "current").stdout
 
 
+def test_a_database_migrated_by_a_newer_library_says_to_upgrade_the_library(db: str) -> None:
+    import sqlite3
+
+    ok(db, "db", "upgrade")
+    with sqlite3.connect(db.removeprefix("sqlite:///")) as c:
+        c.execute("UPDATE alembic_version SET version_num = '0099'")
+    current = run(db, "db", "current")
+    assert current.exit_code == 1
+    assert "does not know" in current.stdout and "upgrade tiered-history" in current.stdout
+    assert "run 'tiered-history db upgrade'" not in current.stdout  # which would fail
+    assert_one_line_error(run(db, "db", "upgrade"), 1, "upgrade tiered-history")
+    # A command that needs the schema says the same (it creates and changes nothing).
+    assert_one_line_error(run(db, "stats"), 1, "upgrade tiered-history")
+
+
 def test_db_optimize_merges_the_full_text_segments_and_changes_nothing_found(db: str) -> None:
     import sqlite3
 
@@ -365,12 +380,14 @@ def test_import_json_list_is_idempotent(tmp_path: Path, db: str) -> None:
     second = as_json(db, "import", str(path), "--conversation", "paris")
     assert second == {"imported": 0, "skipped": 7, "conversations": {}}
     assert message_count(db, "paris") == 7  # the repeated "ok" was not mistaken for a duplicate
-    assert "skipped 7" in ok(db, "import", str(path), "-c", "paris").stdout
+    again = ok(db, "import", str(path), "-c", "paris")
+    assert "Imported 0 messages into 0 conversations; skipped 7" in again.stdout
+    assert again.stderr == ""  # no progress bar (nor what ends it) where stderr is no terminal
     assert message_count(db, "paris") == 7
 
     # A longer transcript imports only the new tail; another conversation imports everything.
     path.write_text(json.dumps([*OPENAI_LIST, {"role": "assistant", "content": "Anything else?"}]))
-    assert as_json(db, "import", str(path), "-c", "paris")["imported"] == 1
+    assert "Imported 1 message into 1 conversation;" in ok(db, "import", str(path), "-c", "paris").stdout
     assert message_count(db, "paris") == 8
     assert as_json(db, "import", str(path), "-c", "other")["imported"] == 8
 

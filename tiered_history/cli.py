@@ -48,7 +48,14 @@ from . import (
     TieredHistoryError,
 )
 from .core.budget import MIN_MAX_TOKENS
-from .database import mask_url, optimize_database, require_current_schema, schema_revision, upgrade_schema
+from .database import (
+    mask_url,
+    newer_schema,
+    optimize_database,
+    require_current_schema,
+    schema_revision,
+    upgrade_schema,
+)
 from .errors import SchemaError, TranscriptError
 from .exchange import is_export, read_export
 from .transcripts import IMPORT_KEY as IMPORT_KEY  # re-exported: the CLI documents this key
@@ -435,7 +442,8 @@ def _show_stats(stats: Sequence[ConversationStats], settings: Settings) -> None:
         out.print(parts)
         out.print(
             f"  topics {s.topics} ({s.topics_pending} pending) · archives {s.archives} "
-            f"({s.archives_dropped} dropped) · compressions {s.compressions} · summariser "
+            f"({s.archives_dropped} dropped) · provisional {s.summaries_provisional} · compressions "
+            f"{s.compressions} · summariser "
             f"{s.summarizer_prompt_tokens}+{s.summarizer_completion_tokens} tokens, ${s.summarizer_cost:.4f}"
         )
     out.print(f"[dim]Bars: each tier's stored tokens against its share of context_budget={budget}.[/dim]")
@@ -449,7 +457,8 @@ def _import(
 ) -> ImportResult:
     """:func:`~tiered_history.transcripts.import_entries` with a progress bar on stderr."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
+    # Only on a terminal: written to a file or a pipe, a bar is noise (rich ends it with a newline).
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task("importing", total=None)
 
         def advance(done: int, total: int) -> None:
@@ -578,9 +587,13 @@ def import_(
         _print_json(dataclasses.asdict(result))
         return
     out.print(
-        f"Imported {result.imported} messages into {len(result.conversations)} conversations; "
-        f"skipped {result.skipped} already imported."
+        f"Imported {_count(result.imported, 'message')} into "
+        f"{_count(len(result.conversations), 'conversation')}; skipped {result.skipped} already imported."
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _strip_final_newline(text: str) -> str:
@@ -881,19 +894,25 @@ def search(
     ctx: typer.Context,
     conversation_id: ConversationArg,
     text: Annotated[
-        str, typer.Argument(help="Text to find (case-insensitive).", show_default=False, metavar="TEXT")
+        str,
+        typer.Argument(
+            help="Words to look for (case-insensitive; a piece like NEEDLE-4711 is a phrase).",
+            show_default=False,
+            metavar="TEXT",
+        ),
     ],
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Most results to show.")] = 20,
     as_json: JsonOpt = False,
 ) -> None:
-    """Find stored messages containing TEXT, newest first."""
+    """Find the stored messages that best match TEXT: BM25 over its words, best first (newest
+    first on equal scores); text with no word at all is matched literally."""
     with _open(ctx) as compressor:
         _require(compressor, conversation_id)
         found = compressor.search(conversation_id, text, limit)
     if as_json:
         _print_json([{**dataclasses.asdict(h.message), "score": h.score} for h in found])
     elif not found:
-        out.print(f"No message of {conversation_id!r} contains {text!r}.")
+        out.print(f"No message of {conversation_id!r} matches {text!r}.")
     else:
         out.print(_messages_table(f"{len(found)} matches", [h.message for h in found], width=100))
 
@@ -1251,6 +1270,8 @@ def db_current(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         out.print(f"{_mask(url)}: no schema yet (head is {head}); run 'tiered-history db upgrade'.")
     elif at_head:
         out.print(f"{_mask(url)}: revision {current} (head).")
+    elif (newer := newer_schema(current, head)) is not None:
+        out.print(f"{_mask(url)}: {newer}.")
     else:
         out.print(f"{_mask(url)}: revision {current}, head is {head}; run 'tiered-history db upgrade'.")
     if not at_head:

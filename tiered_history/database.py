@@ -22,6 +22,16 @@ def upgrade_schema(url: str) -> tuple[str | None, str | None, str]:
     return _migrate(url, upgrade=True)
 
 
+def newer_schema(current: str | None, head: str) -> str | None:
+    """What to tell an operator whose database was migrated by a newer tiered-history (a
+    revision this one does not know: the library needs the upgrade, not the database), else None."""
+    if current is None or current == head:
+        return None
+    from .store.migrate import is_known, newer_schema_message
+
+    return None if is_known(current) else newer_schema_message(current)
+
+
 def require_current_schema(url: str) -> None:
     """Raise :class:`SchemaError` unless the database exists with its schema at the newest
     revision; creates nothing (a SQLite file that is not there is not made)."""
@@ -34,6 +44,9 @@ def require_current_schema(url: str) -> None:
     if on_disk and not Path(str(parsed.database)).exists():
         raise SchemaError(f"no database at {parsed.database}; run 'tiered-history db upgrade' first")
     current, head = schema_revision(url)
+    newer = newer_schema(current, head)
+    if newer is not None:
+        raise SchemaError(f"{mask_url(url)}: {newer}")
     if current != head:
         state = "has no schema" if current is None else f"is at revision {current}, head is {head}"
         raise SchemaError(f"{mask_url(url)} {state}; run 'tiered-history db upgrade' first")

@@ -99,6 +99,21 @@ def scripts_head() -> str | None:
     return heads.pop() if len(heads) == 1 else None
 
 
+def is_known(revision: str) -> bool:
+    """Whether ``revision`` is one of this library's migrations (else the database was migrated
+    by a newer version: the library must be upgraded, not the database)."""
+    from alembic.script import ScriptDirectory
+
+    return revision in {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def newer_schema_message(revision: str) -> str:
+    return (
+        f"the database schema is at revision {revision!r}, which this version of tiered-history "
+        "does not know (is the database newer than the library? upgrade tiered-history)"
+    )
+
+
 def _at_head(engine: sa.Engine) -> bool:
     """Whether the schema is at the head, checked with one SELECT and no Alembic; False when
     unsure (no version table yet, an error), so that Alembic checks it properly."""
@@ -145,8 +160,6 @@ def upgrade(engine: sa.Engine, target: str = "head", options: Mapping[str, objec
     head = head_revision()
     if target == "head" and current_revision(engine) == head:
         return
-    from alembic.script import ScriptDirectory
-
     from .dialect import WRITE_OPTION
 
     with engine.connect() as raw:
@@ -158,12 +171,8 @@ def upgrade(engine: sa.Engine, target: str = "head", options: Mapping[str, objec
             current = _current(conn)
             if current == head and target == "head":
                 return
-            known = {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
-            if current is not None and current not in known:
-                raise SchemaError(
-                    f"the database schema is at revision {current!r}, which this version of "
-                    "tiered-history does not know (is the database newer than the library?)"
-                )
+            if current is not None and not is_known(current):
+                raise SchemaError(newer_schema_message(current))
             _upgrade(conn, target, options or {})
 
 

@@ -352,7 +352,8 @@ class Statements:
             "SELECT kind, count(*), coalesce(sum(CASE WHEN status = 'pending' THEN 1 ELSE 0 END), 0), "
             "coalesce(sum(CASE WHEN parent_id IS NULL AND dropped_at IS NULL THEN tokens ELSE 0 END), 0), "
             "coalesce(sum(CASE WHEN dropped_at IS NOT NULL THEN 1 ELSE 0 END), 0), "
-            "coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), coalesce(sum(cost), 0) "
+            "coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), coalesce(sum(cost), 0), "
+            "coalesce(sum(CASE WHEN status = 'provisional' THEN 1 ELSE 0 END), 0) "
             "FROM summaries WHERE conv = :conv GROUP BY kind"
         )
         self._updates: dict[tuple[Any, ...], str] = {}
@@ -1401,6 +1402,7 @@ class SQLStore:
                         summarizer_prompt_tokens=sum(int(r[5]) for r in (top, arc) if r),
                         summarizer_completion_tokens=sum(int(r[6]) for r in (top, arc) if r),
                         summarizer_cost=float(sum(float(r[7]) for r in (top, arc) if r)),
+                        summaries_provisional=sum(int(r[8]) for r in (top, arc) if r),
                     )
                 )
             return out

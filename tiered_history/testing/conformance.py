@@ -417,6 +417,21 @@ class StoreConformance:
         assert store.stats("c")[0].compressions == 1
         assert state_of(store, "c").summarized_upto == 4
 
+    def test_stats_count_the_summaries_a_fallback_wrote(self, store: Store) -> None:
+        # What an operator watches when the configured summariser keeps failing: its topics are
+        # not pending (a fallback summary was written) but provisional, to be summarised again.
+        for cid, status in (("fell-back", "provisional"), ("fine", "final")):
+            self.chat(store, cid, 4)
+            self.seal(store, cid)
+            [topic] = store.read_summaries(cid, "topic")
+            state = store.read_state(cid)
+            assert state is not None
+            write = SummaryWrite(content="x", rendered="R", token_count=5, status=status, summarizer="test")
+            assert store.commit(cid, Guard(state.version), record_summary(state, topic, write, ts(10))).ok
+        [fell_back], [fine] = store.stats("fell-back"), store.stats("fine")
+        assert (fell_back.topics_pending, fell_back.summaries_provisional) == (0, 1)
+        assert (fine.topics_pending, fine.summaries_provisional) == (0, 0)
+
     def test_archives_link_what_they_merge_and_spend_accumulates(self, store: Store) -> None:
         for k in range(3):
             self.chat(store, "c", 2, start=2 * k)
