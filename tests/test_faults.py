@@ -148,6 +148,18 @@ class FaultySummarizer:
             return SummaryResult(text=(source + " ") * 4, summarizer=self.name)
         if behaviour == "slightly-larger":  # within the overshoot allowance, but bigger than the source
             return SummaryResult(text=source + " and more", summarizer=self.name)
+        # What a database refuses (PostgreSQL: a NUL; both: a lone surrogate), in the text or in
+        # the error a provider's answer puts in the exception.
+        if behaviour == "nul":
+            return SummaryResult(text="The trip is booked.\x00 Hotel in Paris.", summarizer=self.name)
+        if behaviour == "surrogate":
+            return SummaryResult(text="The trip is booked \ud800 hotel in Paris.", summarizer=self.name)
+        if behaviour == "raise-nul":
+            raise RuntimeError("HTTP 400: bad request \x00\ud800")
+        if behaviour == "ok-long-names":  # a good summary; a provider that names its model at length
+            return SummaryResult(
+                text=f"Good summary in {target} tokens.", summarizer="s" * 100, model="m\x00" * 300
+            )
         if behaviour == "ok":
             return SummaryResult(text=f"Good summary in {target} tokens.", summarizer=self.name, model="m1")
         raise AssertionError(behaviour)
@@ -288,8 +300,17 @@ FAULTS = [
 ]
 
 
+#: Answers only a database refuses: the fallback must be written, and retries capped, all the same.
+UNSTORABLE = ["nul", "surrogate", "raise-nul"]
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("fault_url", "behaviour"), catalogue(FAULTS, "raise"), indirect=["fault_url"])
+@pytest.mark.parametrize(
+    ("fault_url", "behaviour"),
+    catalogue(FAULTS, "raise")
+    + [pytest.param(db, b, id=f"{db}-{b}") for db in ALL_BACKENDS[1:] for b in UNSTORABLE],
+    indirect=["fault_url"],
+)
 async def test_failing_summarizer_falls_back_and_retries_are_capped(fault_url: str, behaviour: str) -> None:
     summ = FaultySummarizer(behaviour)
     cid = f"faulty-{behaviour}"
@@ -339,6 +360,20 @@ async def test_failing_summarizer_falls_back_and_retries_are_capped(fault_url: s
         await check_context(hc, cid, 2 * MAX_ATTEMPTS, summ)
         await check_intact(hc, cid, sent)
         await check_ranges(hc, cid)
+
+
+@pytest.mark.timeout(60)
+async def test_a_good_summary_is_saved_whatever_its_model_is_called(fault_url: str) -> None:
+    # The names go in columns of 64 and 255 characters: a row that cannot be saved would leave
+    # the topic unsummarised and the model called again at every pass.
+    summ = FaultySummarizer("ok-long-names")
+    async with compressor(fault_url, summ) as hc:
+        await fill(hc, "named", topics=1)
+        report = await maintain_timed(hc, T0 + timedelta(hours=1), 15)
+        assert (report.summarized, report.provisional) == (1, 0)
+        [t] = (await hc.get_history("named")).topics
+        assert (t.status, t.summarizer, t.model) == ("final", "s" * 64, "m" * 255)
+        assert t.content.startswith("Good summary")
 
 
 @pytest.mark.timeout(60)

@@ -393,6 +393,32 @@ def test_cut_is_a_bounded_prefix(text: str, limit: int) -> None:
     assert text.startswith(cut.removesuffix("…").rstrip()) or cut == "…"
 
 
+class _Reading(TokenCounter):
+    """Records the longest text it was asked to count or encode."""
+
+    longest = 0
+
+    def count(self, text: str) -> int:
+        self.longest = max(self.longest, len(text))
+        return super().count(text)
+
+    def encode(self, text: str) -> list[int]:
+        self.longest = max(self.longest, len(text))
+        return super().encode(text)
+
+
+@pytest.mark.parametrize("answer", ["x" * 400_000, "word " * 100_000, "One more sentence here. " * 20_000])
+def test_an_answer_far_over_its_target_is_cut_reading_only_its_head(answer: str) -> None:
+    # A server that ignores max_tokens: the cut runs on the event loop, so it must not read (or
+    # count again and again) the whole answer; it used to shrink a spaceless one to nothing.
+    counter = _Reading("gpt-4o-mini")
+    summ = LiteLLMSummarizer(MODEL, counter=counter)
+    cut = summ._bound(answer, 100)
+    assert 0 < counter.count(cut) <= 100 and cut.strip(" …")
+    assert answer.startswith(cut.removesuffix("…"))
+    assert counter.longest <= 100 * 1.2 * 32 + 1
+
+
 # -- litellm mock_response path and configuration -------------------------------------------
 
 

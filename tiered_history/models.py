@@ -30,11 +30,27 @@ _BLANK_RE = re.compile(r"[\s\u00ad\u180e\u200b-\u200f\u2060-\u2064\ufeff]*")
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
 
 
-def _check_text(value: str, what: str) -> str:
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored as text on every backend, else None."""
     if "\x00" in value:
-        raise ValueError(f"{what} contains a NUL byte, which PostgreSQL cannot store")
-    if _SURROGATE_RE.search(value):
-        raise ValueError(f"{what} contains a lone UTF-16 surrogate, which is not valid Unicode text")
+        return "contains a NUL byte, which PostgreSQL cannot store"
+    if not value.isascii() and _SURROGATE_RE.search(value):
+        return "contains a lone UTF-16 surrogate, which is not valid Unicode text"
+    return None
+
+
+def storable(value: str) -> str:
+    """``value`` made storable (NUL bytes dropped, lone surrogates as U+FFFD): for what others wrote
+    that we only keep for reference, such as a provider's error message or model name."""
+    if text_problem(value) is None:
+        return value
+    return _SURROGATE_RE.sub("\ufffd", value.replace("\x00", ""))
+
+
+def _check_text(value: str, what: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(f"{what} {problem}")
     return value
 
 
@@ -447,8 +463,8 @@ class ConversationStats:
     summarizer_completion_tokens: int
     summarizer_cost: float
     summaries_provisional: int = 0
-    """Topic summaries and archives written by the fallback summariser while the configured one
-    failed, to be summarised again (a count that grows: the summariser keeps failing)."""
+    """Topic summaries written by the fallback summariser while the configured one failed, waiting
+    to be summarised again (a count that keeps growing: the summariser keeps failing)."""
 
 
 def _owned(value: Any) -> Any:

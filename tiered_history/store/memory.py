@@ -443,5 +443,5 @@ def _stats(conv: _Conversation) -> ConversationStats:
         summarizer_prompt_tokens=sum(x.prompt_tokens for x in spend),
         summarizer_completion_tokens=sum(x.completion_tokens for x in spend),
         summarizer_cost=float(sum(x.cost for x in spend)),
-        summaries_provisional=sum(x.status == "provisional" for x in spend),
+        summaries_provisional=sum(x.status == "provisional" and x.merged_into is None for x in spend),
     )

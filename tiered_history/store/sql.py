@@ -353,7 +353,7 @@ class Statements:
             "coalesce(sum(CASE WHEN parent_id IS NULL AND dropped_at IS NULL THEN tokens ELSE 0 END), 0), "
             "coalesce(sum(CASE WHEN dropped_at IS NOT NULL THEN 1 ELSE 0 END), 0), "
             "coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0), coalesce(sum(cost), 0), "
-            "coalesce(sum(CASE WHEN status = 'provisional' THEN 1 ELSE 0 END), 0) "
+            "coalesce(sum(CASE WHEN status = 'provisional' AND parent_id IS NULL THEN 1 ELSE 0 END), 0) "
             "FROM summaries WHERE conv = :conv GROUP BY kind"
         )
         self._updates: dict[tuple[Any, ...], str] = {}

@@ -49,6 +49,10 @@ DEFAULT_CONTEXT_WINDOW = 8192
 INPUT_SHARE = 0.8
 #: Replies longer than this × target are cut.
 OUTPUT_SLACK = 1.2
+#: At most this many characters a token are read to cut an answer: tokens average about 4
+#: characters (the longest are runs of spaces or punctuation), so a prefix of ``n`` tokens is
+#: nearly always within ``32 n`` characters, and an answer of any length costs no more to cut.
+CHARS_PER_TOKEN = 32
 _MAX_DEPTH = 8  # chunk → merge levels; far more than any real window needs
 _BACKOFF_CAP = 4.0
 _ERROR_TEXT_LIMIT = 500
@@ -428,7 +432,10 @@ class LiteLLMSummarizer:
             return 0.0
 
     def _bound(self, text: str, target: int) -> str:
-        if self.counter.count(text) <= OUTPUT_SLACK * target:
+        most = int(OUTPUT_SLACK * target)
+        # Runs on the event loop: an answer far longer than asked for (a server that ignores
+        # max_tokens) is cut from its head, never counted whole.
+        if len(text) <= most * CHARS_PER_TOKEN and self.counter.count(text) <= most:
             return text
         cut = _cut(text, target, self.counter)
         if not cut.strip(" …"):
@@ -440,19 +447,26 @@ def _cut(text: str, limit: int, counter: TokenCounter) -> str:
     """Longest prefix of ``text`` within ``limit`` tokens ending at a sentence boundary.
 
     Falls back to a word boundary plus an ellipsis when the last sentence boundary would
-    throw away more than half of what fits.
+    throw away more than half of what fits. Reads only the first ``limit`` ×
+    :data:`CHARS_PER_TOKEN` characters, whatever the length of ``text``.
     """
-    if counter.count(text) <= limit:
+    window = text[: limit * CHARS_PER_TOKEN + 1]
+    tokens = counter.encode(window)
+    if len(window) == len(text) and len(tokens) <= limit:
         return text
+    ellipsis = counter.count("…")
     while limit > 0:
-        prefix = counter.decode(counter.encode(text)[:limit]).rstrip("\ufffd")
-        while prefix and not text.startswith(prefix):  # a token ended inside a character
-            prefix = prefix[:-1]
-        ends = [m.end() for m in _BOUNDARY_RE.finditer(text) if m.end() <= len(prefix)]
+        prefix = _decoded_prefix(window, tokens[:limit], counter)
+        # Up to one character past the prefix: what a boundary's lookahead reads.
+        ends = [
+            m.end()
+            for m in _BOUNDARY_RE.finditer(window, 0, min(len(prefix) + 1, len(window)))
+            if m.end() <= len(prefix)
+        ]
         if ends and ends[-1] >= len(prefix) // 2:
             cut = text[: ends[-1]].rstrip()
         else:
-            head = prefix[:-2] if len(prefix) > 2 else prefix  # room for the ellipsis
+            head = _decoded_prefix(window, tokens[: max(limit - ellipsis, 0)], counter)  # room for it
             space = head.rfind(" ")
             cut = (head[:space] if space > 0 else head).rstrip(" ,;:-") + "…"
         over = counter.count(cut) - limit
@@ -460,6 +474,14 @@ def _cut(text: str, limit: int, counter: TokenCounter) -> str:
             return cut
         limit -= over
     return ""
+
+
+def _decoded_prefix(text: str, tokens: list[int], counter: TokenCounter) -> str:
+    """The text of ``tokens``, the first tokens of ``text``, as a prefix of it."""
+    prefix = counter.decode(tokens).rstrip("\ufffd")
+    while prefix and not text.startswith(prefix):  # a token ended inside a character
+        prefix = prefix[:-1]
+    return prefix
 
 
 def _is_transient(litellm: ModuleType, exc: BaseException) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from ..core import escalation
 from ..core.render import item_line, render_summary
 from ..core.transitions import SummaryWrite
-from ..models import StoredMessage, Summary
+from ..models import StoredMessage, Summary, storable, text_problem
 from ..tokens import TokenCounter, counter_for_encoding
 from .base import Spend, Summarizer, SummaryInput, SummaryPiece, SummaryResult, spend_ledger
 from .extractive import ExtractiveSummarizer, speaker_label
@@ -102,8 +102,8 @@ class SummaryPipeline:
             rendered=rendered,
             token_count=tokens,
             status=status,
-            summarizer=getattr(result, "summarizer", "extractive"),
-            model=getattr(result, "model", None),
+            summarizer=_named(getattr(result, "summarizer", "extractive"), 64) or "extractive",
+            model=_named(getattr(result, "model", None), 255),
             prompt_tokens=getattr(result, "prompt_tokens", 0),
             completion_tokens=getattr(result, "completion_tokens", 0),
             cost=getattr(result, "cost", 0.0),
@@ -127,6 +127,9 @@ class SummaryPipeline:
         """Why a summariser's text is rejected, or None if it is usable."""
         if not isinstance(text, str) or not text.strip():
             return "empty summary"
+        problem = text_problem(text)
+        if problem is not None:  # it could not be saved: a retry would meet the same text
+            return f"summary {problem}"
         n = self.counter.count(text)
         if n > limit * MAX_OVERSHOOT:
             return f"summary ({n} tokens) is far over its limit ({limit} tokens)"
@@ -286,7 +289,15 @@ def _merge(
 def describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "TimeoutError: the summariser did not answer in time"
-    return f"{type(exc).__name__}: {exc}"[:_ERROR_LIMIT]
+    # A provider's message may quote anything (a NUL the database refuses): kept storable.
+    return storable(f"{type(exc).__name__}: {exc}"[:_ERROR_LIMIT])
+
+
+def _named(value: object, longest: int) -> str | None:
+    """A summariser's or model's name as reported, storable in its column (``longest``
+    characters): a provider's answer names the model, and a row that cannot be saved would
+    leave its topic unsummarised, tried again at every pass."""
+    return storable(value)[:longest] if isinstance(value, str) else None
 
 
 def spend_of(ledger: Spend, result: object) -> Spend:

@@ -431,6 +431,13 @@ class StoreConformance:
         [fell_back], [fine] = store.stats("fell-back"), store.stats("fine")
         assert (fell_back.topics_pending, fell_back.summaries_provisional) == (0, 1)
         assert (fine.topics_pending, fine.summaries_provisional) == (0, 0)
+        # Merged into an archive before its retry, it is not retried: no longer waiting, not counted.
+        state = state_of(store, "fell-back")
+        topics = store.read_summaries("fell-back", "topic")
+        archive = record_archive(state, topics, SummaryWrite("a", "RA", 3, "final", "test"), ts(20))
+        done = store.commit("fell-back", Guard(state.version), archive)
+        assert done.ok, done.outcome
+        assert store.stats("fell-back")[0].summaries_provisional == 0
 
     def test_archives_link_what_they_merge_and_spend_accumulates(self, store: Store) -> None:
         for k in range(3):
