@@ -352,6 +352,27 @@ async def test_newest_tool_unit_over_budget_keeps_the_call_and_cuts_the_result()
         assert ctx.total_tokens == request_tokens(ctx) <= 120
 
 
+async def test_a_cut_tool_unit_sends_the_messages_that_fit_as_they_were() -> None:
+    # Only what must be cut is rewritten: a call's None content stays None, a short result given
+    # as content parts stays parts (a provider's cache sees the same bytes as before).
+    parts = [{"type": "text", "text": "ok: 42"}]
+    async with compressor() as hc:
+        await hc.add_message(CID, {"role": "user", "content": "look both up"})
+        await hc.add_message(
+            CID, {"role": "assistant", "content": None, "tool_calls": [call("c1"), call("c2")]}
+        )
+        await hc.add_message(CID, {"role": "tool", "content": parts, "tool_call_id": "c1"})
+        await hc.add_message(CID, {"role": "tool", "content": words("data", 300), "tool_call_id": "c2"})
+        ctx = await hc.get_context(CID, 160)
+        assert ctx.truncated_newest is True
+        sent = ctx.to_messages()
+        assert sent[0] == {"role": "assistant", "content": None, "tool_calls": [call("c1"), call("c2")]}
+        assert sent[1] == {"role": "tool", "content": parts, "tool_call_id": "c1"}
+        assert sent[2]["tool_call_id"] == "c2" and "[truncated " in sent[2]["content"]
+        # (framed() here counts content parts as their JSON; the library, as their text.)
+        assert ctx.total_tokens == TokenCounter().messages_tokens(sent) <= 160
+
+
 async def test_a_long_message_is_sent_whole_when_it_fits() -> None:
     # Cutting a message is the last resort for the newest one under pressure, never the default.
     original = "BEGIN " + "".join(f"line {k:04d} of the pasted log\n" for k in range(300)) + "FINISH"

@@ -217,7 +217,8 @@ class StoredMessage:
     """What the context shows instead of ``content``: its head and tail when the message exceeds
     ``max_message_chars`` (or the newest message alone exceeds the budget), or, for a recalled
     message too long to fit whole, its sentences that match the query (``[…]`` where some were
-    left out). ``content`` is always the stored text."""
+    left out). A message of content parts that must be cut, or whose images do not fit, is sent
+    as its text, each other part named (``[image]``). ``content`` is always the stored text."""
     extra: dict[str, Any] | None = None
     """Every other field the message carried, sent back unchanged (a non-string ``content`` too)."""
     pin_key: str | None = None
@@ -350,7 +351,9 @@ class CompressedContext:
     maintenance_epoch: int = 0
     """The conversation's count of events that may rewrite the start of the context (seals,
     summaries, merges, roll-ups, pins): between two contexts with the same epoch, everything
-    before the recalled part of the earlier one is a prefix of the later one."""
+    before the recalled part of the earlier one is a prefix of the later one, unless the later
+    one's newest message (or tool call with its results) did not fit beside the window, which
+    then moved past it (or ``truncated_newest``: it is sent alone, cut)."""
 
     @property
     def topic_summaries(self) -> list[Summary]:

@@ -248,6 +248,11 @@ def _cost(unit: Sequence[StoredMessage]) -> int:
     return unit[0].token_count if len(unit) == 1 else sum(m.token_count for m in unit)
 
 
+def _plain(m: StoredMessage) -> bool:
+    """Whether ``m``'s content is its text as it is sent (a string, or none), not content parts."""
+    return not m.extra or not isinstance(m.extra.get("content"), list)
+
+
 def fit_unit(counter: TokenCounter, unit: list[StoredMessage], limit: int) -> list[StoredMessage]:
     """Truncate the contents of ``unit`` head + tail until its framed cost is at most ``limit``."""
     fixed = [counter.message_tokens(m.to_openai(content="")) for m in unit]
@@ -266,6 +271,11 @@ def fit_unit(counter: TokenCounter, unit: list[StoredMessage], limit: int) -> li
             share = max(int(content_budget * n / total), marker_cost)
             text = truncate_to_tokens(counter, m.context_content, share)
             tokens = counter.message_tokens(m.to_openai(content=text))
+            if text == m.context_content and (_plain(m) or m.token_count <= tokens):
+                # Within its share: sent as it was (a tool call's None content, text parts),
+                # unless parts cost more than their text (an image: then sent as its text).
+                out.append(m)
+                continue
             out.append(replace(m, truncated_content=text, token_count=tokens))
         if _cost(out) <= limit:
             return out
