@@ -393,6 +393,41 @@ def test_cut_is_a_bounded_prefix(text: str, limit: int) -> None:
     assert text.startswith(cut.removesuffix("…").rstrip()) or cut == "…"
 
 
+async def test_litellm_is_imported_once_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A first call that gives up waiting (its deadline) leaves the import running: the next call
+    # waits for that one instead of importing on the event loop, blocked behind it.
+    import importlib.machinery
+    import threading
+    import types
+
+    import tiered_history.summarizers.llm as llm
+
+    fake = types.ModuleType("litellm")
+    fake.__spec__ = importlib.machinery.ModuleSpec("litellm", None)
+    fake.__spec__._initializing = True  # type: ignore[attr-defined]
+    release = threading.Event()
+    importers: list[threading.Thread] = []
+
+    def slow_import() -> types.ModuleType:
+        importers.append(threading.current_thread())
+        release.wait(3)
+        fake.__spec__._initializing = False  # type: ignore[union-attr]
+        return fake
+
+    monkeypatch.setattr(llm, "_litellm", None)
+    monkeypatch.setattr(llm, "_importing", None, raising=False)
+    monkeypatch.setattr(llm, "_import_litellm", slow_import)
+    monkeypatch.setitem(sys.modules, "litellm", fake)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(llm._load_litellm(), 0.05)
+    second = asyncio.ensure_future(llm._load_litellm())
+    await asyncio.sleep(0.05)  # the loop runs while the import goes on
+    assert not second.done() and len(importers) == 1
+    release.set()
+    assert await second is fake
+    assert len(importers) == 1 and importers[0] is not threading.main_thread()
+
+
 class _Reading(TokenCounter):
     """Records the longest text it was asked to count or encode."""
 

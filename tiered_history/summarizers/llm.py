@@ -20,11 +20,13 @@ extractive summariser.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import logging
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -115,13 +117,39 @@ def _import_litellm() -> ModuleType:
     return _litellm
 
 
+#: The one import of litellm in progress (or done), shared by every caller until it ends.
+_importing: concurrent.futures.Future[ModuleType] | None = None
+_importing_lock = threading.Lock()
+
+
 async def _load_litellm() -> ModuleType:
+    global _importing
     if _litellm is not None:
         return _litellm
-    if "litellm" in sys.modules:
-        return _import_litellm()
-    # The first import takes seconds: keep it off the event loop.
-    return await asyncio.to_thread(_import_litellm)
+    module = sys.modules.get("litellm")
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return _import_litellm()  # imported already (by the bot): only our settings to apply
+    # The first import takes seconds: keep it off the event loop. Once, on a thread of its own:
+    # a caller that gave up waiting (its deadline) must not leave the next one to import it again
+    # on the loop, where it would wait for the first import to end.
+    with _importing_lock:
+        if _importing is None:
+            _importing = concurrent.futures.Future()
+            threading.Thread(
+                target=_import_into, args=(_importing,), name="tiered-history-litellm-import", daemon=True
+            ).start()
+        pending = _importing
+    # Shielded: a caller cancelled (a timeout) leaves the import running for the next one.
+    return await asyncio.shield(asyncio.wrap_future(pending))
+
+
+def _import_into(future: concurrent.futures.Future[ModuleType]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(_import_litellm())
+    except BaseException as exc:
+        future.set_exception(exc)
 
 
 def _neutralise(text: str) -> str:
