@@ -29,6 +29,7 @@ from tiered_history import HistoryCompressor, StoredMessage, Summary, SyncHistor
 from tiered_history.cli import app as cli_app
 from tiered_history.web import create_app, views
 from tiered_history.web.app import TIMELINE_PAGE
+from tiered_history.web.security import Security
 
 HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>\"'&amp;"
 EVIL_ID = "evil<b>\"'&id"
@@ -351,7 +352,68 @@ def test_seal_maintain_delete_with_writes_on(db: str, writer: TestClient) -> Non
         assert not h.exists("alpha") and h.exists(EVIL_ID)
 
 
+def test_deleting_a_conversation_that_is_not_there_says_so(writer: TestClient) -> None:
+    csrf = csrf_of(writer.get(conv("alpha")).text)
+    r = writer.post("/conversation/delete", data={"id": "no-such", "csrf": csrf, "confirm": "no-such"})
+    assert r.status_code == 404 and "Deleted" not in r.text
+
+
+def test_a_read_only_inspector_shows_no_action_banner_whatever_the_link_says(client: TestClient) -> None:
+    # The banners are read from the URL after an action: a read-only server took none.
+    for params in ({"done": "sealed", "topic": "7"}, {"done": "maintained", "sealed": "3"}):
+        page = client.get(conv("alpha", **params)).text
+        assert "Sealed the open topic" not in page and "Maintenance ran" not in page
+    assert "Deleted conversation" not in client.get("/?deleted=alpha").text
+
+
+def test_odd_numbers_in_links_are_refused_or_ignored_not_errors(writer: TestClient) -> None:
+    # int() takes '²' as a digit for isdigit() but not as a number; 5,000 digits it refuses; a
+    # number past SQLite's integers it takes, and the database does not.
+    for params in ({"done": "sealed", "topic": "²"}, {"done": "maintained", "sealed": "9" * 4400}):
+        assert writer.get(conv("alpha", **params)).status_code == 200
+    for value in ("9223372036854775759", str(2**63), "1" + "0" * 30, "²", "٣"):
+        r = writer.get("/conversation/messages?" + urlencode({"id": "alpha", "first": value}))
+        assert r.status_code == 400, value
+
+
 # -- the token and the host check -------------------------------------------------------------
+
+
+def test_each_login_is_its_own_and_ends_at_logout_restart_or_age(db: str) -> None:
+    def login(c: TestClient) -> str:
+        csrf = csrf_of(c.get("/login").text)
+        r = c.post("/login", data={"token": TOKEN, "csrf": csrf, "next": "/"}, follow_redirects=False)
+        assert r.status_code == 303
+        return r.headers["set-cookie"].split(";")[0].split("=", 1)[1]
+
+    app_ = create_app(db, token=TOKEN)
+    with TestClient(app_, base_url=BASE) as a, TestClient(app_, base_url=BASE) as b:
+        first, second = login(a), login(b)
+        assert first != second and TOKEN not in first
+        assert a.get("/").status_code == b.get("/").status_code == 200
+        csrf = csrf_of(a.get("/").text)
+        assert a.post("/logout", data={"csrf": csrf}, follow_redirects=False).status_code == 303
+        name = next(iter(b.cookies.keys() - {k for k in b.cookies if k.startswith("th_session")}))
+        stolen = TestClient(app_, base_url=BASE, cookies={name: first})
+        assert stolen.get("/").status_code == 401  # logged out: that login is over
+        assert b.get("/").status_code == 200  # the other one is not
+    with TestClient(create_app(db, token=TOKEN), base_url=BASE, cookies={name: second}) as restarted:
+        assert restarted.get("/").status_code == 401  # a new start, new logins
+    sec = Security(token=TOKEN)
+    value = sec.login_value(now=1_000_000)
+    assert sec.valid_login(value, now=1_000_000 + 3600)
+    assert not sec.valid_login(value, now=1_000_000 + 8 * 24 * 3600)  # older than its Max-Age
+    assert not sec.valid_login(value.replace(".", ".x", 1))
+
+
+def test_secure_cookies_behind_a_tls_proxy(db: str) -> None:
+    with TestClient(create_app(db, token=TOKEN, secure_cookies=True), base_url=BASE) as c:
+        assert "Secure" in c.get("/login").headers["set-cookie"]
+        csrf = csrf_of(c.get("/login").text)
+        r = c.post("/login", data={"token": TOKEN, "csrf": csrf, "next": "/"}, follow_redirects=False)
+        assert "Secure" in r.headers["set-cookie"]
+    with TestClient(create_app(db, token=TOKEN), base_url=BASE) as c:
+        assert "Secure" not in c.get("/login").headers["set-cookie"]
 
 
 def test_token_is_required_on_every_request(db: str) -> None:

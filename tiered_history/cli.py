@@ -1164,16 +1164,25 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    secure_cookies: Annotated[
+        bool,
+        typer.Option(
+            "--secure-cookies",
+            help="Mark its cookies Secure: for a TLS-terminating proxy in front (it sees plain HTTP).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the web inspector: what the model sees, the timeline, search (needs the web extra).
 
     Read-only unless --allow-writes; a read-only inspector refuses a database whose schema is not
     current instead of migrating it (run 'tiered-history db upgrade').
     """
-    _serve(ctx, host, port, allow_writes, token or None)
+    _serve(ctx, host, port, allow_writes, token or None, secure_cookies)
 
 
-def _serve(ctx: typer.Context, host: str, port: int, allow_writes: bool, token: str | None) -> None:
+def _serve(
+    ctx: typer.Context, host: str, port: int, allow_writes: bool, token: str | None, secure_cookies: bool
+) -> None:
     try:
         import uvicorn
 
@@ -1203,6 +1212,7 @@ def _serve(ctx: typer.Context, host: str, port: int, allow_writes: bool, token: 
         token=token,
         allowed_hosts=hosts_for(host),
         database=_mask(url),
+        secure_cookies=secure_cookies,
     )
     shown = f"[{host}]" if ":" in host else host
     out.print(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,15 +109,17 @@ def create_app(
     token: str | None = None,
     allowed_hosts: tuple[str, ...] | None = None,
     database: str | None = None,
+    secure_cookies: bool = False,
 ) -> Starlette:
     """The inspector as an ASGI app.
 
     ``target``: a database URL (the app opens a compressor on start and closes it on stop) or a
     compressor you own. ``token``: required on every request when set. ``allowed_hosts``: the
     ``Host`` names served (``None``: any). ``database``: how the page names the database
-    (already masked; default: "(given compressor)" or nothing).
+    (already masked; default: "(given compressor)" or nothing). ``secure_cookies``: cookies
+    are ``Secure`` even over plain HTTP (behind a TLS-terminating proxy).
     """
-    security = Security(token=token or None, allowed_hosts=allowed_hosts)
+    security = Security(token=token or None, allowed_hosts=allowed_hosts, secure_cookies=secure_cookies)
     state: dict[str, Inspector] = {}
     label = database if database is not None else ("" if isinstance(target, str) else "(given compressor)")
 
@@ -201,14 +204,19 @@ def _cid(params: QueryParams | FormData) -> str:
     return value
 
 
+#: A whole number a page takes (sequence, budget, count): ASCII digits, at most 2**62-ish.
+_NUMBER = re.compile(r"-?[0-9]{1,18}")
+#: A count in an action's banner.
+_COUNT = re.compile(r"[0-9]{1,9}")
+
+
 def _int(params: QueryParams, name: str, default: int | None = None) -> int | None:
     raw = params.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise _Refused(400, "Bad request", f"{name} must be a whole number") from None
+    if not _NUMBER.fullmatch(raw.strip()):  # digits only: int() takes '²' or 5,000 digits badly
+        raise _Refused(400, "Bad request", f"{name} must be a whole number")
+    return int(raw)
 
 
 async def _gather(*aws: Awaitable[Any]) -> list[Any]:
@@ -328,7 +336,7 @@ async def conversations(app: Inspector, request: Request) -> Response:
         more=more,
         scanned=scanned,
         first_page=after is None,
-        deleted=q.get("deleted"),
+        deleted=q.get("deleted") if app.allow_writes else None,
     )
 
 
@@ -347,11 +355,13 @@ _DONE = {
 }
 
 
-def _flash(q: QueryParams) -> str:
-    template = _DONE.get(q.get("done") or "")
+def _flash(app: Inspector, q: QueryParams) -> str:
+    # The banner after an action is read from the redirect's URL: a read-only inspector took no
+    # action, so whatever a link says, it shows none.
+    template = _DONE.get(q.get("done") or "") if app.allow_writes else None
     if template is None:
         return ""
-    numbers = {k: int(v) if v.isdigit() else 0 for k, v in q.items() if k != "done"}
+    numbers = {k: int(v) if _COUNT.fullmatch(v) else 0 for k, v in q.items() if k != "done"}
     keys = ("topic", "sealed", "summarized", "merged", "dropped", "errors")
     return template.format(**{k: numbers.get(k, 0) for k in keys})
 
@@ -380,7 +390,7 @@ async def conversation(app: Inspector, request: Request) -> Response:
         line=line,
         query=text,
         found=found,
-        flash=_flash(q),
+        flash=_flash(app, q),
         messages_page=MESSAGES_PAGE,
     )
 
@@ -511,7 +521,8 @@ async def delete(app: Inspector, request: Request) -> Response:
     cid = _cid(form)
     if form.get("confirm") != cid:
         raise _Refused(400, "Not deleted", "Type the conversation id exactly to confirm the deletion.")
-    await app.compressor.delete_conversation(cid)
+    if not await app.compressor.delete_conversation(cid):
+        raise _Refused(404, "Not found", f"There is no conversation {cid!r} to delete.")
     return RedirectResponse("/?" + urlencode({"deleted": cid}), status_code=303)
 
 
@@ -543,5 +554,5 @@ async def logout(app: Inspector, request: Request) -> Response:
     if check_csrf(request, app.security, submitted if isinstance(submitted, str) else None) is not None:
         raise _Refused(403, "Refused", "missing or stale CSRF token")
     done = RedirectResponse("/login", status_code=303)
-    done.headers.append("set-cookie", logout_cookie(request))
+    done.headers.append("set-cookie", logout_cookie(request, app.security))
     return done

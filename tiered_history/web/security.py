@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
@@ -46,6 +47,8 @@ _HEADERS = [
     (b"cross-origin-resource-policy", b"same-origin"),
 ]
 _OPEN_PATHS = ("/login", "/static/")
+#: How long a login lasts (the cookie's Max-Age, checked here too).
+LOGIN_SECONDS = 7 * 24 * 3600
 
 
 def is_loopback(host: str) -> bool:
@@ -77,12 +80,40 @@ class Security:
     allowed_hosts: tuple[str, ...] | None = None
     """``Host`` names served (``None``: any, for a server behind its own token)."""
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
-    """Signs CSRF tokens; new on every start, so a restart invalidates old forms."""
+    """Signs CSRF tokens and logins; new on every start, so a restart invalidates old forms and
+    logs every browser out."""
+    secure_cookies: bool = False
+    """Mark cookies ``Secure`` whatever the request's scheme (behind a TLS-terminating proxy,
+    which the inspector sees as plain HTTP)."""
+    logged_out: set[str] = field(default_factory=set)
+    """Logins ended by a logout before their time (their nonces)."""
 
-    @property
-    def auth_cookie_value(self) -> str:
-        # Derived from the token, never the token itself: a stolen cookie does not reveal it.
-        return _digest(self.token or "", "tiered-history web login")
+    def login_value(self, now: float | None = None) -> str:
+        """A new login cookie's value: when it was issued, a nonce, and their HMAC under a key made
+        of the token and this start's secret. Never the token itself (a stolen cookie does not
+        reveal it); each login its own, ended by its logout, its age or a restart."""
+        issued = str(int(time.time() if now is None else now))
+        nonce = secrets.token_urlsafe(12)
+        return f"{issued}.{nonce}.{self._login_mac(issued, nonce)}"
+
+    def valid_login(self, value: str | None, now: float | None = None) -> bool:
+        parts = (value or "").split(".")
+        if len(parts) != 3 or not parts[0].isascii() or not parts[0].isdigit() or len(parts[0]) > 12:
+            return False
+        issued, nonce, mac = parts
+        if not same(mac, self._login_mac(issued, nonce)) or nonce in self.logged_out:
+            return False
+        return 0 <= (time.time() if now is None else now) - int(issued) < LOGIN_SECONDS
+
+    def log_out(self, value: str | None) -> None:
+        if self.valid_login(value):
+            if len(self.logged_out) >= 100_000:  # bounded: the oldest would have expired long ago
+                self.logged_out.clear()
+            self.logged_out.add((value or "").split(".")[1])
+
+    def _login_mac(self, issued: str, nonce: str) -> str:
+        key = _digest(self.secret, "login:" + (self.token or ""))
+        return _digest(key, f"{issued}.{nonce}")
 
     def csrf_for(self, session: str) -> str:
         return _digest(self.secret, "csrf:" + session)
@@ -154,7 +185,7 @@ class Guard:
             session = new_session = secrets.token_urlsafe(32)
         scope["th_session"] = session
         scope["th_auth_cookie"] = auth_name
-        secure = scope.get("scheme") == "https"
+        secure = sec.secure_cookies or scope.get("scheme") == "https"
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -179,7 +210,7 @@ class Guard:
         if same(request.headers.get("x-tiered-history-token"), sec.token):
             return True
         _, auth_name = sec.cookie_names(request.scope)
-        return same(request.cookies.get(auth_name), sec.auth_cookie_value)
+        return sec.valid_login(request.cookies.get(auth_name))
 
     @staticmethod
     def _refuse(request: Request) -> Response:
@@ -212,14 +243,19 @@ def login_cookie(request: Request, security: Security) -> str:
     """The ``Set-Cookie`` value that logs this browser in (for a week)."""
     name = request.scope.get("th_auth_cookie")
     assert isinstance(name, str)
-    secure = request.scope.get("scheme") == "https"
-    return _cookie(name, security.auth_cookie_value, secure, max_age=7 * 24 * 3600)
+    return _cookie(name, security.login_value(), _secure(request, security), max_age=LOGIN_SECONDS)
 
 
-def logout_cookie(request: Request) -> str:
+def logout_cookie(request: Request, security: Security) -> str:
+    """The ``Set-Cookie`` value that logs this browser out; its login cannot be used again."""
     name = request.scope.get("th_auth_cookie")
     assert isinstance(name, str)
-    return _cookie(name, "", request.scope.get("scheme") == "https", max_age=0)
+    security.log_out(request.cookies.get(name))
+    return _cookie(name, "", _secure(request, security), max_age=0)
+
+
+def _secure(request: Request, security: Security) -> bool:
+    return security.secure_cookies or request.scope.get("scheme") == "https"
 
 
 def hosts_for(bind: str, extra: Iterable[str] = ()) -> tuple[str, ...] | None:
