@@ -795,3 +795,33 @@ async def test_a_one_word_message_recalls_less_than_the_same_word_asked_explicit
         assert implicit.historical_topics or implicit.bulk_archives
         assert explicit.tier_tokens["recall"] > implicit.tier_tokens["recall"] > 0
         assert implicit.total_tokens <= 1000 and explicit.total_tokens <= 1000
+
+
+async def test_recall_never_follows_the_tool_result_the_model_must_answer() -> None:
+    # A window that holds only the newest tool call and its result (no user message to put the
+    # recalled part before): the recalled part goes before the call, and the result stays last.
+    def lookup(call_id: str) -> dict[str, Any]:
+        return {"id": call_id, "type": "function", "function": {"name": "ferry", "arguments": '{"p":1}'}}
+
+    t = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+    async with HistoryCompressor.from_url("memory://", recall={"enabled": True}) as hc:
+        for k in range(12):
+            t += timedelta(seconds=30)
+            said = f"The harbour ferry to the island leaves at {k + 6} o'clock from pier {k}."
+            await hc.add_message(CID, {"role": "user", "content": said, "timestamp": t})
+            await hc.add_message(CID, {"role": "assistant", "content": f"Noted: pier {k}.", "timestamp": t})
+        t += timedelta(hours=3)
+        await hc.add_message(
+            CID, {"role": "user", "content": "When does the harbour ferry leave?", "timestamp": t}
+        )
+        await hc.add_message(
+            CID, {"role": "assistant", "content": None, "tool_calls": [lookup("c1")], "timestamp": t}
+        )
+        result = " ".join(f"ferry{k} harbour" for k in range(60))
+        await hc.add_message(CID, {"role": "tool", "tool_call_id": "c1", "content": result, "timestamp": t})
+        await hc.maintain(now=t)
+        ctx = await hc.get_context(CID, 350)
+        assert [m.role for m in ctx.current_topic] == ["assistant", "tool"] and ctx.recalled
+        sent = ctx.to_messages()
+        assert sent[-1]["role"] == "tool" and sent[-2]["tool_calls"] == [lookup("c1")]
+        assert ctx.total_tokens <= 350

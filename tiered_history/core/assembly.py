@@ -865,11 +865,16 @@ def _kept_start(
 
 
 def _recall_position(window: Sequence[StoredMessage]) -> int:
-    """Where recalled messages go in the current topic: just before its newest user message."""
+    """Where recalled messages go in the current topic: just before its newest user message, or,
+    with none in the window, just before its newest unit (a tool call with its results): never
+    after the newest message, which the model must answer (a tool result, in a tool loop)."""
     for i in range(len(window) - 1, -1, -1):
         if window[i].role == "user":
             return i
-    return len(window)
+    i = len(window)
+    while i > 0 and window[i - 1].role in ("tool", "function"):
+        i -= 1
+    return max(i - 1, 0)
 
 
 def _recall(
