@@ -314,6 +314,70 @@ def test_pydantic_ai_run_sync_and_streaming_store_the_answer(tmp_path: Path) -> 
         ]
 
 
+async def test_pydantic_ai_streamed_output_tool_answer_stays_in_the_history() -> None:
+    # run_stream adds the output tool's return after the run ends: stored without it, the final
+    # call stood unanswered and was never sent again (the answer gone from every later context).
+    from pydantic import BaseModel
+    from pydantic_ai.models.function import DeltaToolCall
+
+    class Report(BaseModel):
+        summary: str
+
+    seen: list[list[ModelMessage]] = []
+
+    def plain(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(messages)
+        return ModelResponse(parts=[ToolCallPart("final_result", {"summary": "short"}, tool_call_id="p1")])
+
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> Any:
+        seen.append(messages)
+        yield {0: DeltaToolCall(name="final_result", json_args='{"summary": "Lisbon"}', tool_call_id="f1")}
+
+    async with HistoryCompressor.from_url("memory://") as hc:
+        model = FunctionModel(plain, stream_function=stream)
+        agent = Agent(model, output_type=Report, capabilities=[pai.TieredHistory(hc, "s")])
+        async with agent.run_stream("Plan a trip to Lisbon.") as run:
+            assert (await run.get_output()).summary == "Lisbon"
+        await agent.run("How long was it?")
+        sent = pai.to_openai(seen[-1])
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
+        assert sent[1]["tool_calls"][0]["id"] == "f1" and sent[2]["tool_call_id"] == "f1"
+
+
+async def test_pydantic_ai_an_image_a_tool_returns_reaches_the_model() -> None:
+    # pydantic-ai sends a tool's file as "See file <id>." in the result and the file in a user
+    # message after it; it used to be stored as the result's text alone, without the image.
+    png = BinaryContent(data=b"\x89PNG\r\n\x1a\n" + b"0" * 32, media_type="image/png")
+    seen: list[list[ModelMessage]] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(messages)
+        if len(seen) == 1:
+            return ModelResponse(parts=[ToolCallPart("snapshot", {}, tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("I see it.")])
+
+    async with HistoryCompressor.from_url("memory://") as hc:
+        agent = Agent(FunctionModel(model), capabilities=[pai.TieredHistory(hc, "img")])
+
+        @agent.tool_plain
+        def snapshot() -> BinaryContent:
+            return png
+
+        await agent.run("Take a snapshot and describe it.")
+        images = [
+            item
+            for m in seen[1]
+            for p in m.parts
+            if isinstance(p, UserPromptPart) and not isinstance(p.content, str)
+            for item in p.content
+            if isinstance(item, BinaryContent)
+        ]
+        assert [i.data for i in images] == [png.data]
+        stored = [(m.role, m.content) for m in (await hc.get_history("img")).messages]
+        assert stored[2] == ("tool", f"See file {png.identifier}.")
+        assert stored[3][0] == "user" and "[image]" in stored[3][1]
+
+
 async def test_pydantic_ai_request_only_parts_are_sent_not_stored() -> None:
     from pydantic_ai import RunContext
     from pydantic_ai.usage import RunUsage
@@ -538,16 +602,22 @@ async def test_langchain_tool_calls_round_trip(url: str) -> None:
         ToolMessage("Sunny", tool_call_id="call_1"),
         ToolMessage("", tool_call_id="call_2"),
         AIMessage("Oslo is sunny; Lima did not say."),
+        AIMessage("", tool_calls=[{"name": "chart", "args": {}, "id": "call_3", "type": "tool_call"}]),
+        # A result that is an image alone: a result all the same, not an empty one.
+        ToolMessage(
+            [{"type": "image_url", "image_url": {"url": "https://example.com/c.png"}}], tool_call_id="call_3"
+        ),
     ]
     with SyncHistoryCompressor.from_url(url) as hc:
-        chat = lc.TieredChatMessageHistory(hc, "tools", max_tokens=2000, platform="discord", user_id="ann")
+        # (Room for the image: an image part is counted at a high-detail image's cost.)
+        chat = lc.TieredChatMessageHistory(hc, "tools", max_tokens=4000, platform="discord", user_id="ann")
         chat.add_messages(messages)
         back = chat.messages
         assert back == messages
         assert back[1].tool_calls == messages[1].tool_calls  # type: ignore[attr-defined]
         assert [m.tool_call_id for m in back[2:4]] == ["call_1", "call_2"]  # type: ignore[attr-defined]
         # Stored in OpenAI's shape, so the same conversation serves a litellm bot too.
-        sent = hc.get_context("tools", 2000).to_messages()
+        sent = hc.get_context("tools", 4000).to_messages()
         assert sent[1] == {
             "role": "assistant",
             "content": None,

@@ -91,7 +91,10 @@ def _to_openai_one(message: BaseMessage) -> dict[str, Any] | None:
         elif not text_of(converted.get("content")).strip() and not isinstance(converted.get("content"), list):
             return None  # an empty answer carries nothing to send back
     elif isinstance(message, ToolMessage):
-        content, meta = tool_result(text_of(converted.get("content")), None)
+        parts = converted.get("content")
+        if isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") != "text" for p in parts):
+            return converted  # an image (or other media) with no text is a result all the same
+        content, meta = tool_result(text_of(parts), None)
         if meta:
             converted["content"] = content
             converted["metadata"] = {META_KEY: meta}

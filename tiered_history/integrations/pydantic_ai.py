@@ -18,6 +18,20 @@ the run added after the last request -- the final answer -- which no history pro
 Every message the adapter stored or produced carries ``metadata["tiered_history"]``, so passing
 ``result.all_messages()`` back as ``message_history`` stores nothing twice; unmarked messages in a
 ``message_history`` are stored as new (a way to import an existing history).
+
+Where it differs from pydantic-ai's own history (known, kept):
+
+* The run's messages are the compressed context: ``result.all_messages()`` and
+  ``result.new_messages()`` hold what the model was sent (summaries, recalled excerpts), not the
+  full history, which lives in the compressor (``get_history``).
+* A prompt is stored before the model is called: a run that fails stores its prompt, and running
+  it again stores it a second time.
+* Retry feedback (a tool's or validator's ``ModelRetry``) is stored as a user message.
+* Files a tool returns are stored as pydantic-ai sends them to a text-only tool API: "See file
+  <id>." in the result, the file in a user message after the results.
+* ``run_stream``'s final message objects are not the ones ``after_run`` saw: passing its
+  ``all_messages()`` back as ``message_history`` stores the final answer again (leave
+  ``message_history`` out: the capability keeps the history).
 """
 
 from __future__ import annotations
@@ -123,6 +137,7 @@ def _request_parts(
     system: list[str] = []
     stored: list[dict[str, Any]] = []
     rest: list[ModelRequestPart] = []
+    files: list[UserContent] = []  # what tools returned beyond text (images...), as pydantic-ai sends it
     for part in request.parts:
         message: dict[str, Any] | None = None
         if isinstance(part, SystemPromptPart):
@@ -135,7 +150,16 @@ def _request_parts(
             if text_of(content).strip() or media:  # an empty prompt is nothing to remember
                 message = {"role": "user", "content": content, "timestamp": part.timestamp}
         elif isinstance(part, ToolReturnPart):
-            text, meta = tool_result(part.model_response_str(), part.tool_name)
+            # Files a tool returned go in a user message after the results ("See file <id>." in the
+            # result), as pydantic-ai sends them to a model whose tool results are text only.
+            said, returned = part.model_response_str_and_user_content()
+            for item in returned:
+                # Its provenance tags are left out: read back as a user prompt, they would be
+                # taken for tags a user wrote (pydantic-ai then warns the model about them).
+                if not isinstance(item, str):
+                    name = getattr(item, "identifier", None) or "?"
+                    files.extend([f"This is file {name}, returned by the tool {part.tool_name}:", item])
+            text, meta = tool_result(said, part.tool_name)
             message = {"role": "tool", "tool_call_id": part.tool_call_id, "content": text}
             message.update(metadata={META_KEY: meta}, timestamp=part.timestamp)
         elif isinstance(part, RetryFeedbackPart):
@@ -145,6 +169,11 @@ def _request_parts(
             continue
         if not timestamps:
             del message["timestamp"]
+        stored.append(message)
+    if files:
+        message = {"role": "user", "content": _user_content(files)}
+        if timestamps:
+            message["timestamp"] = request.timestamp
         stored.append(message)
     return system, stored, rest
 
@@ -448,5 +477,28 @@ class TieredHistory(AbstractCapability[Any]):
         return request_context
 
     async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
-        await self._store_new(self.resolve_conversation_id(ctx), result.all_messages())
+        messages = list(result.all_messages())
+        await self._store_new(self.resolve_conversation_id(ctx), messages + _output_returns(result, messages))
         return result
+
+
+#: What pydantic-ai answers an output tool's call with (``_tool_execution._FINAL_RESULT_PROCESSED``).
+FINAL_RESULT_PROCESSED = "Final result processed."
+
+
+def _output_returns(result: AgentRunResult[Any], messages: Sequence[ModelMessage]) -> list[ModelMessage]:
+    """The output tool's return a streamed run adds only after ``after_run`` (``run_stream``): stored
+    without it, the final call would stand unanswered, and an unanswered call is never sent again,
+    so the run's answer would be missing from every later context."""
+    name = getattr(result, "_output_tool_name", None)
+    last = messages[-1] if messages else None
+    if not isinstance(name, str) or not isinstance(last, ModelResponse):
+        return []
+    calls = [p for p in last.parts if isinstance(p, ToolCallPart) and p.tool_name == name]
+    if not calls:
+        return []
+    parts: list[ModelRequestPart] = [
+        ToolReturnPart(tool_name=name, content=FINAL_RESULT_PROCESSED, tool_call_id=c.tool_call_id)
+        for c in calls
+    ]
+    return [ModelRequest(parts=parts)]
