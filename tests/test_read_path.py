@@ -466,6 +466,26 @@ def test_a_restored_conversation_is_found_as_it_reads_now(sql_url: str) -> None:
             ], word
 
 
+def test_a_conversation_restored_cut_short_shows_nothing_of_its_first_life(sql_url: str) -> None:
+    """Restored from an export cut short (same id, same creation time) and written on, the
+    conversation's new messages take ids its deleted ones had on SQLite: a store that kept the
+    deleted rows must not find, recall or send them."""
+    with SyncHistoryCompressor(sql_url) as h, SyncHistoryCompressor(sql_url) as other:
+        for i in range(1, 9):
+            h.add_message(CID, msg("user" if i % 2 else "assistant", f"secret {i} of the old budget plan", i))
+        assert len(h.search(CID, "budget plan")) == 8  # its rows are kept now
+        dump = h.export_conversation(CID).splitlines()
+        other.delete_conversation(CID)
+        other.import_conversation("\n".join(dump[: 1 + 5]) + "\n")  # the header and 5 messages
+        other.add_message(CID, msg("user", "zebra giraffe savanna", 9))
+        found = h.search(CID, "zebra giraffe")
+        assert [(x.message.sequence, x.message.content) for x in found] == [(6, "zebra giraffe savanna")]
+        assert [x.message.sequence for x in h.search(CID, "budget plan")] == [5, 4, 3, 2, 1]
+        assert "secret 6" not in h.recall(CID, "zebra giraffe", 300).text()
+        sent = h.get_context(CID, 300).to_messages()
+        assert not any("secret 6" in str(m["content"]) for m in sent)
+
+
 def test_kept_summary_candidates_are_dropped_when_maintenance_changes_the_summaries(sql_url: str) -> None:
     """A sealed topic is pending (not searchable) until maintenance summarises it: a search kept
     from before sees the summary after, although no message was written in between."""

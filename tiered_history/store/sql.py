@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -80,7 +81,7 @@ _SUMMARY_COLS = (
 #: Summary fields named differently in the table.
 _RENAMED = {"token_count": "tokens"}
 _STATE_COLS = (
-    "key, id, version, platform, encoding, created_at, updated_at, lease_owner, lease_expires_at, state"
+    "key, id, version, platform, encoding, created_at, updated_at, lease_owner, lease_expires_at, state, meta"
 )
 
 #: Idle connections kept for transactions tried without waiting (event loops use them).
@@ -106,8 +107,8 @@ class Statements:
         )
         self.insert_conversation = s(
             "INSERT INTO conversations (id, version, platform, encoding, created_at, updated_at, due_at, "
-            "state) VALUES (:id, :version, :platform, :encoding, :created_at, :updated_at, :due_at, :state) "
-            "RETURNING key"
+            "state, meta) VALUES (:id, :version, :platform, :encoding, :created_at, :updated_at, :due_at, "
+            ":state, :meta) RETURNING key"
         )
         self.update_conversation = s(
             "UPDATE conversations SET version = :version, platform = :platform, updated_at = :updated_at, "
@@ -513,7 +514,8 @@ class _Search:
 
     conv: int
     conversation: str
-    """Its kept lists' key: the row key and creation time (a conversation made again is another)."""
+    """Its kept lists' key: the row key, creation time and life token (a conversation made again,
+    or deleted and restored, is another)."""
     kind: str
     body: dict[str, Any]
     last: int
@@ -960,7 +962,7 @@ class SQLStore:
         summary = kind != "message"
         at = _Search(
             int(row[0]),
-            f"{row[0]}:{row[5]}",
+            f"{row[0]}:{row[5]}:{_life(row[10])}",
             kind,
             body,
             last,
@@ -1430,7 +1432,10 @@ class SQLStore:
         if writes.create:
             if guard.version is not None:
                 raise _Rollback(Outcome.VERSION_CONFLICT)
-            cur.execute(q.insert_conversation, params)
+            # A token of this conversation's life: SQLite gives a row key and message ids freed by
+            # a deletion to the next rows, so a conversation deleted and restored (the same id
+            # and creation time) elsewhere is told apart by it from what this process kept.
+            cur.execute(q.insert_conversation, {**params, "meta": json.dumps({"life": secrets.token_hex(8)})})
             conv = self._keep_key(conversation_id, int(cur.fetchone()[0]))
         else:
             params["expect"] = guard.version
@@ -1826,3 +1831,11 @@ def _is_db_error(e: BaseException) -> bool:
         return True
     module = type(e).__module__
     return module.startswith(("sqlite3", "psycopg")) or module == "_sqlite3"
+
+
+def _life(meta: Any) -> str:
+    """The life token in a conversation row's ``meta`` ("" for rows from before it was kept)."""
+    if not meta:
+        return ""
+    found = (json.loads(meta) if isinstance(meta, str) else meta).get("life")
+    return found if isinstance(found, str) else ""
