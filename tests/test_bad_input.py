@@ -22,6 +22,7 @@ from tiered_history import (
     InvalidConversationIdError,
     InvalidMessageError,
     Message,
+    SyncHistoryCompressor,
     TieredHistoryError,
 )
 from tiered_history.core.budget import MIN_MAX_TOKENS
@@ -613,3 +614,45 @@ async def test_pinned_messages_larger_than_max_tokens(hc: HistoryCompressor) -> 
     )
     ctx = await hc.get_context(cid, 1000)
     assert ctx.total_tokens <= 1000 and [m.sequence for m in ctx.current_topic] == [2]
+
+
+# -- arguments of the reading and maintenance calls (a QA pass found raw errors) ---------------
+
+
+async def test_odd_arguments_to_listing_reading_and_maintenance_are_library_errors(
+    hc: HistoryCompressor,
+) -> None:
+    cid = await existing(hc)
+    calls: list[Callable[[], Awaitable[Any]]] = [
+        lambda: hc.list_conversations(active_since=datetime(2020, 1, 1)),  # naive
+        lambda: hc.list_conversations(active_since="2020-01-01"),  # type: ignore[arg-type]
+        lambda: hc.list_conversations(after="\ud800"),
+        lambda: hc.list_conversations(platform="a\x00b"),
+        lambda: hc.list_conversations(after=5),  # type: ignore[arg-type]
+        lambda: hc.get_messages(cid, first=None),  # type: ignore[arg-type]
+        lambda: hc.maintain(now="2020-01-01T00:00:00+00:00"),  # type: ignore[arg-type]
+        lambda: hc.maintain(cid, now=datetime.max.replace(tzinfo=UTC)),
+        lambda: hc.maintain(now=datetime(2026, 1, 1)),  # naive
+    ]
+    for call in calls:
+        await assert_rejected(hc, cid, call, InvalidMessageError, ".")
+    # Past a database's integers: nothing there, not an error.
+    assert await hc.get_messages(cid, first=2**63) == []
+    assert [m.sequence for m in await hc.get_messages(cid, first=-(2**70), last=2**70)] == [1, 2]
+
+
+def test_a_mapping_whose_reads_fail_is_an_invalid_message() -> None:
+    class Broken(dict[str, Any]):
+        def items(self) -> Any:
+            raise KeyError("role")
+
+    with (
+        SyncHistoryCompressor.from_url("memory://") as h,
+        pytest.raises(InvalidMessageError, match="fields failed"),
+    ):
+        h.add_message("c", Broken(role="user", content="hi"))
+    with (
+        SyncHistoryCompressor.from_url("memory://") as h,
+        pytest.raises(InvalidMessageError, match="fields failed"),
+    ):
+        h.pin("c", Broken(role="system", content="hi"))

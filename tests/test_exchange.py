@@ -171,6 +171,17 @@ def _message_at(text: str, sequence: int, **fields: Any) -> dict[str, Any]:
         ),
         ("token counts are not taken", lambda t: _corrupt(t, 5, {"token_count": 1}), TranscriptError),
         ("naive time", lambda t: _corrupt(t, 7, {"timestamp": "2025-03-01T09:00:00"}), TranscriptError),
+        # In range as written, out of it in UTC (a raw OverflowError before).
+        (
+            "past year 9999 in UTC",
+            lambda t: _corrupt(t, 7, {"timestamp": "9999-12-31T23:59:59-14:00"}),
+            TranscriptError,
+        ),
+        (
+            "before year 1 in UTC",
+            lambda t: _corrupt(t, 0, {"created_at": "0001-01-01T00:00:00+14:00"}),
+            TranscriptError,
+        ),
         ("gap in sequences", lambda t: _corrupt(t, 8, {"sequence": 99}), TranscriptError),
         (
             "pin of a missing key",

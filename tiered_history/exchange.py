@@ -285,7 +285,10 @@ class _Line:
             self.fail(f"{key!r} is not an ISO 8601 time: {v!r}")
         if ts.utcoffset() is None:
             self.fail(f"{key!r} must carry a UTC offset: {v!r}")
-        return ts.astimezone(UTC)
+        try:
+            return ts.astimezone(UTC)
+        except OverflowError:
+            self.fail(f"{key!r} is outside years 1..9999 in UTC: {v!r}")
 
     def flag(self, key: str) -> bool:
         v = self._get(key, False)

@@ -28,6 +28,7 @@ from .core.boundaries import (
 )
 from .core.budget import EscalationBudget, topic_target
 from .core.state import ConversationState, Outcome, Writes
+from .errors import InvalidMessageError
 from .models import StoredMessage, Summary
 from .store.aio import AsyncStore
 from .store.base import LeaseLostError
@@ -104,6 +105,8 @@ class Maintenance:
 
         ``detect=False`` leaves the pluggable detectors out (a pass run inline by a reply).
         """
+        if now is not None:
+            check_now(now)
         report = MaintenanceReport()
         after: str | None = None  # a pass walks the conversations with work once, in id order
         while True:
@@ -393,3 +396,15 @@ def _first(pair: tuple[Writes, object] | None) -> Writes | None:
 def _planned(step: Callable[..., Writes], *args: Any) -> Callable[[ConversationState], Writes]:
     """``step(state, *args)`` as a plan the commit loop can run again on a newer state."""
     return lambda state: step(state, *args)
+
+
+def check_now(now: object) -> None:
+    """``maintain(now=...)``'s time: aware, and far enough from the ends of the calendar for the
+    leases and retry times computed from it."""
+    if not isinstance(now, datetime) or now.utcoffset() is None:
+        raise InvalidMessageError(f"now must be a timezone-aware datetime, not {now!r}")
+    try:
+        now + timedelta(days=400)
+        now - timedelta(days=400)
+    except OverflowError:
+        raise InvalidMessageError(f"now is too close to the ends of the calendar: {now!r}") from None

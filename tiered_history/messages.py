@@ -177,10 +177,15 @@ def _raw_fields(message: object) -> dict[str, Any]:
         if not isinstance(raw, Mapping):
             _fail("message", f"{type(message).__name__}.model_dump() returned {type(raw).__name__}")
     out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if not isinstance(key, str):
-            _fail("message", f"field names must be strings, not {type(key).__name__}")
-        out[key] = value
+    try:
+        for key, value in raw.items():
+            if not isinstance(key, str):
+                _fail("message", f"field names must be strings, not {type(key).__name__}")
+            out[key] = value
+    except InvalidMessageError:
+        raise
+    except Exception as exc:  # a mapping of the caller's own whose reads fail: the input's fault
+        _fail("message", f"reading the {type(message).__name__}'s fields failed: {exc!r}")
     return out
 
 

@@ -45,6 +45,7 @@ from .exchange import check_tool_units, export_lines, pin_key, read_export, summ
 from .lru import Lru
 from .messages import normalize_message
 from .models import (
+    MAX_CONVERSATION_ID_LENGTH,
     NO_CONTENT,
     CompressedContext,
     ConversationInfo,
@@ -690,10 +691,16 @@ class ReplyPath:
         if state is None:
             raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
         for value, what in ((first, "first"), (last, "last")):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            if (value is not None or what == "first") and (
+                isinstance(value, bool) or not isinstance(value, int)
+            ):
                 raise InvalidMessageError(f"{what} must be an integer, not {type(value).__name__}")
         end = state.last_sequence if last is None else last
-        return self._active_pins(state, self.store.read_messages(conversation_id, first, end))
+        # Sequences are 1 to last_sequence: outside that, nothing (a database's integers end).
+        lo, hi = max(first, 0), min(end, state.last_sequence)
+        if lo > hi:
+            return self._active_pins(state, [])
+        return self._active_pins(state, self.store.read_messages(conversation_id, lo, hi))
 
     def _active_pins(self, state: ConversationState, messages: list[StoredMessage]) -> list[StoredMessage]:
         """``messages`` as shown: pinned only while their pin is active (a replaced pin is history)."""
@@ -716,6 +723,18 @@ class ReplyPath:
         """Conversations in id order (after ``after``), filtered by platform, channel, user and activity."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidMessageError(f"limit must be an integer from 1 to 10000, not {limit!r}")
+        for value, what in (
+            (platform, "platform"),
+            (channel, "channel"),
+            (user_id, "user_id"),
+            (after, "after"),
+        ):
+            if value is not None:
+                validate_text_argument(value, what, MAX_CONVERSATION_ID_LENGTH)
+        if active_since is not None and (
+            not isinstance(active_since, datetime) or active_since.utcoffset() is None
+        ):
+            raise InvalidMessageError(f"active_since must be a timezone-aware datetime, not {active_since!r}")
         out: list[ConversationInfo] = []
         cursor = after
         while len(out) < limit:
