@@ -128,8 +128,10 @@ class ContextCache:
 
     def __init__(self, size: int = CONTEXT_CACHE) -> None:
         self._entries: Lru[tuple[object, ConversationState, CompressedContext]] = Lru(size)
-        self._windows: Lru[tuple[int, list[StoredMessage]]] = Lru(size)
-        self._summaries: Lru[tuple[object, SummaryRead]] = Lru(size)
+        # Each kept with the state version it was read at: versions only grow within one life of a
+        # conversation, so a lower one is another life (deleted and restored elsewhere).
+        self._windows: Lru[tuple[int, int, list[StoredMessage]]] = Lru(size)
+        self._summaries: Lru[tuple[object, int, SummaryRead]] = Lru(size)
 
     def get(self, conversation_id: str, asked: object) -> tuple[ConversationState, CompressedContext] | None:
         entry = self._entries.get(conversation_id, accept=lambda e: e[0] == asked)
@@ -145,21 +147,25 @@ class ContextCache:
         self._windows.pop(conversation_id)
         self._summaries.pop(conversation_id)
 
-    def window(self, conversation_id: str, token_cap: int) -> list[StoredMessage] | None:
-        """The recent window last read for this conversation with ``token_cap``, oldest first."""
-        found = self._windows.get(conversation_id, accept=lambda w: w[0] == token_cap)
-        return None if found is None else found[1]
+    def window(self, conversation_id: str, token_cap: int, version: int) -> list[StoredMessage] | None:
+        """The recent window last read for this conversation with ``token_cap``, oldest first,
+        at a version up to ``version``."""
+        found = self._windows.get(conversation_id, accept=lambda w: w[0] == token_cap and w[1] <= version)
+        return None if found is None else found[2]
 
-    def keep_window(self, conversation_id: str, token_cap: int, window: list[StoredMessage]) -> None:
-        self._windows.put(conversation_id, (token_cap, window))
+    def keep_window(
+        self, conversation_id: str, token_cap: int, version: int, window: list[StoredMessage]
+    ) -> None:
+        self._windows.put(conversation_id, (token_cap, version, window))
 
-    def summaries(self, conversation_id: str, key: object) -> SummaryRead | None:
-        """The summary windows and summaries by id last read for ``key`` (see ``snapshot``)."""
-        found = self._summaries.get(conversation_id, accept=lambda e: e[0] == key)
-        return None if found is None else found[1]
+    def summaries(self, conversation_id: str, key: object, version: int) -> SummaryRead | None:
+        """The summary windows and summaries by id last read for ``key`` (see ``snapshot``), at a
+        version up to ``version``."""
+        found = self._summaries.get(conversation_id, accept=lambda e: e[0] == key and e[1] <= version)
+        return None if found is None else found[2]
 
-    def keep_summaries(self, conversation_id: str, key: object, read: SummaryRead) -> None:
-        self._summaries.put(conversation_id, (key, read))
+    def keep_summaries(self, conversation_id: str, key: object, version: int, read: SummaryRead) -> None:
+        self._summaries.put(conversation_id, (key, version, read))
 
 
 def _copied(ctx: CompressedContext, max_tokens: int) -> CompressedContext:
@@ -822,11 +828,11 @@ class ReplyPath:
             # read after a seal reads no summary again. A new conversation of the same id starts
             # again from zero: its creation time tells them apart.
             skey = (state.created_at, state.search_key, request.summaries, request.summary_ids)
-            summaries = self.contexts.summaries(conversation_id, skey)
+            summaries = self.contexts.summaries(conversation_id, skey, state.version)
             if summaries is not None:
                 request = replace(request, summaries=(), summary_ids=())
             window = request.windows[0]
-            kept = self.contexts.window(conversation_id, window.token_cap)
+            kept = self.contexts.window(conversation_id, window.token_cap, state.version)
             if kept and kept[-1].sequence <= window.hi:
                 since = Window(kept[-1].sequence - 1, window.hi, window.token_cap)
                 request = replace(request, windows=(since,))
@@ -843,9 +849,13 @@ class ReplyPath:
                 if summaries is not None:
                     snap = replace(snap, summaries=summaries[0], by_id=summaries[1])
                 else:
-                    self.contexts.keep_summaries(conversation_id, skey, (snap.summaries, snap.by_id))
+                    self.contexts.keep_summaries(
+                        conversation_id, skey, snap.state.version, (snap.summaries, snap.by_id)
+                    )
                 self.states.put(snap.state)
-                self.contexts.keep_window(conversation_id, window.token_cap, snap.windows[0])
+                self.contexts.keep_window(
+                    conversation_id, window.token_cap, snap.state.version, snap.windows[0]
+                )
                 return snap
             state = self.read_state(conversation_id)
         raise StoreError(f"could not read conversation {conversation_id!r}: it kept changing")
