@@ -331,17 +331,25 @@ async def test_pydantic_ai_streamed_output_tool_answer_stays_in_the_history() ->
 
     async def stream(messages: list[ModelMessage], info: AgentInfo) -> Any:
         seen.append(messages)
-        yield {0: DeltaToolCall(name="final_result", json_args='{"summary": "Lisbon"}', tool_call_id="f1")}
+        # A function tool called beside the output tool: not run once the output is final.
+        yield {0: DeltaToolCall(name="weather", json_args='{"city": "Lisbon"}', tool_call_id="t1")}
+        yield {1: DeltaToolCall(name="final_result", json_args='{"summary": "Lisbon"}', tool_call_id="f1")}
 
     async with HistoryCompressor.from_url("memory://") as hc:
         model = FunctionModel(plain, stream_function=stream)
         agent = Agent(model, output_type=Report, capabilities=[pai.TieredHistory(hc, "s")])
+
+        @agent.tool_plain
+        def weather(city: str) -> str:
+            return "sunny"
+
         async with agent.run_stream("Plan a trip to Lisbon.") as run:
             assert (await run.get_output()).summary == "Lisbon"
         await agent.run("How long was it?")
         sent = pai.to_openai(seen[-1])
-        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
-        assert sent[1]["tool_calls"][0]["id"] == "f1" and sent[2]["tool_call_id"] == "f1"
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "user"]
+        assert [c["id"] for c in sent[1]["tool_calls"]] == ["t1", "f1"]
+        assert [m["tool_call_id"] for m in sent[2:4]] == ["t1", "f1"]
 
 
 async def test_pydantic_ai_an_image_a_tool_returns_reaches_the_model() -> None:
@@ -376,6 +384,26 @@ async def test_pydantic_ai_an_image_a_tool_returns_reaches_the_model() -> None:
         stored = [(m.role, m.content) for m in (await hc.get_history("img")).messages]
         assert stored[2] == ("tool", f"See file {png.identifier}.")
         assert stored[3][0] == "user" and "[image]" in stored[3][1]
+
+
+async def test_pydantic_ai_audio_of_a_format_pydantic_ai_cannot_name_is_kept_as_a_file() -> None:
+    clip = BinaryContent(data=b"\x1aE\xdf\xa3" + b"0" * 32, media_type="audio/webm")
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("record", {}, tool_call_id="r1")])
+        return ModelResponse(parts=[TextPart("heard it")])
+
+    async with HistoryCompressor.from_url("memory://") as hc:
+        agent = Agent(FunctionModel(model), capabilities=[pai.TieredHistory(hc, "audio")])
+
+        @agent.tool_plain
+        def record() -> BinaryContent:
+            return clip
+
+        assert (await agent.run("Record a clip.")).output == "heard it"  # storing it never fails the run
+        [files] = [m for m in (await hc.get_history("audio")).messages if m.role == "user"][1:]
+        assert files.to_openai()["content"][1] == {"type": "file", "file": {"file_data": clip.data_uri}}
 
 
 async def test_pydantic_ai_request_only_parts_are_sent_not_stored() -> None:

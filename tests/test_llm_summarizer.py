@@ -428,6 +428,29 @@ async def test_litellm_is_imported_once_off_the_event_loop(monkeypatch: pytest.M
     assert len(importers) == 1 and importers[0] is not threading.main_thread()
 
 
+async def test_a_failed_litellm_import_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import tiered_history.summarizers.llm as llm
+
+    fake = types.ModuleType("litellm")
+    attempts: list[int] = []
+
+    def flaky_import() -> types.ModuleType:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise OSError("too many open files")
+        return fake
+
+    monkeypatch.setattr(llm, "_litellm", None)
+    monkeypatch.setattr(llm, "_importing", None, raising=False)
+    monkeypatch.setattr(llm, "_import_litellm", flaky_import)
+    monkeypatch.delitem(sys.modules, "litellm", raising=False)
+    with pytest.raises(OSError):
+        await llm._load_litellm()
+    assert await llm._load_litellm() is fake and len(attempts) == 2
+
+
 class _Reading(TokenCounter):
     """Records the longest text it was asked to count or encode."""
 

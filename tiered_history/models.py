@@ -471,9 +471,15 @@ class ConversationStats:
 
 
 def _owned(value: Any) -> Any:
-    """A copy of a JSON value's lists and objects (strings and numbers are shared: immutable)."""
-    if isinstance(value, dict):
-        return {k: _owned(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_owned(v) for v in value]
+    """A copy of a JSON value's lists and objects (strings and numbers are shared: immutable).
+    Runs for every structured message of every ``to_messages()``: the scalars that make up most
+    of a value are passed over without a call."""
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _SCALARS else _owned(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _SCALARS else _owned(v) for v in value]
     return value
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})

@@ -54,6 +54,7 @@ from .models import (
     SearchHit,
     StoredMessage,
     Summary,
+    text_problem,
     validate_conversation_id,
     validate_text_argument,
 )
@@ -729,14 +730,13 @@ class ReplyPath:
         """Conversations in id order (after ``after``), filtered by platform, channel, user and activity."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidMessageError(f"limit must be an integer from 1 to 10000, not {limit!r}")
-        for value, what in (
-            (platform, "platform"),
-            (channel, "channel"),
-            (user_id, "user_id"),
-            (after, "after"),
-        ):
+        for value, what in ((platform, "platform"), (channel, "channel"), (user_id, "user_id")):
             if value is not None:
                 validate_text_argument(value, what, MAX_CONVERSATION_ID_LENGTH)
+        # A cursor is any text an id may follow ("" or " " too: the inspector steps back one
+        # character from an id), but text a database can store.
+        if after is not None and (not isinstance(after, str) or text_problem(after) is not None):
+            raise InvalidMessageError(f"after must be a string a database can store, not {after!r}")
         if active_since is not None and (
             not isinstance(active_since, datetime) or active_since.utcoffset() is None
         ):

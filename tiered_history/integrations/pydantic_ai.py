@@ -115,9 +115,9 @@ def _user_content(content: str | Sequence[UserContent]) -> str | list[dict[str, 
         elif isinstance(item, BinaryContent):
             if item.is_image:
                 parts.append({"type": "image_url", "image_url": {"url": item.data_uri}})
-            elif item.is_audio:
+            elif item.is_audio and (audio_format := _format_of(item)) is not None:
                 parts.append(
-                    {"type": "input_audio", "input_audio": {"data": item.base64, "format": item.format}}
+                    {"type": "input_audio", "input_audio": {"data": item.base64, "format": audio_format}}
                 )
             else:
                 parts.append({"type": "file", "file": {"file_data": item.data_uri}})
@@ -128,6 +128,15 @@ def _user_content(content: str | Sequence[UserContent]) -> str | list[dict[str, 
             parts.append({"type": kind, kind: {"url": item.url}})
         # A cache point or an uploaded file's provider handle means nothing outside this provider.
     return parts
+
+
+def _format_of(item: BinaryContent) -> str | None:
+    """The file format pydantic-ai names for ``item`` (None for a media type it does not know,
+    such as audio/webm: then kept as a file part, never failing the run that stores it)."""
+    try:
+        return item.format
+    except ValueError:
+        return None
 
 
 def _request_parts(
@@ -484,6 +493,8 @@ class TieredHistory(AbstractCapability[Any]):
 
 #: What pydantic-ai answers an output tool's call with (``_tool_execution._FINAL_RESULT_PROCESSED``).
 FINAL_RESULT_PROCESSED = "Final result processed."
+#: What it answers the other calls of that response with.
+NOT_EXECUTED = "Tool not executed - a final result was already processed."
 
 
 def _output_returns(result: AgentRunResult[Any], messages: Sequence[ModelMessage]) -> list[ModelMessage]:
@@ -494,11 +505,17 @@ def _output_returns(result: AgentRunResult[Any], messages: Sequence[ModelMessage
     last = messages[-1] if messages else None
     if not isinstance(name, str) or not isinstance(last, ModelResponse):
         return []
-    calls = [p for p in last.parts if isinstance(p, ToolCallPart) and p.tool_name == name]
-    if not calls:
+    calls = [p for p in last.parts if isinstance(p, ToolCallPart)]
+    if not any(c.tool_name == name for c in calls):
         return []
+    # The other calls of that response are not run once the output is final: answered as
+    # pydantic-ai answers them, so that the unit is whole.
     parts: list[ModelRequestPart] = [
-        ToolReturnPart(tool_name=name, content=FINAL_RESULT_PROCESSED, tool_call_id=c.tool_call_id)
+        ToolReturnPart(
+            tool_name=c.tool_name,
+            content=FINAL_RESULT_PROCESSED if c.tool_name == name else NOT_EXECUTED,
+            tool_call_id=c.tool_call_id,
+        )
         for c in calls
     ]
     return [ModelRequest(parts=parts)]

@@ -146,9 +146,12 @@ async def _load_litellm() -> ModuleType:
 def _import_into(future: concurrent.futures.Future[ModuleType]) -> None:
     if not future.set_running_or_notify_cancel():
         return
+    global _importing
     try:
         future.set_result(_import_litellm())
     except BaseException as exc:
+        with _importing_lock:
+            _importing = None  # the next call tries again (the callers waiting get this error)
         future.set_exception(exc)
 
 

@@ -85,8 +85,8 @@ class Security:
     secure_cookies: bool = False
     """Mark cookies ``Secure`` whatever the request's scheme (behind a TLS-terminating proxy,
     which the inspector sees as plain HTTP)."""
-    logged_out: set[str] = field(default_factory=set)
-    """Logins ended by a logout before their time (their nonces)."""
+    logged_out: dict[str, int] = field(default_factory=dict)
+    """Logins ended by a logout before their time: nonce -> when issued (dropped once expired)."""
 
     def login_value(self, now: float | None = None) -> str:
         """A new login cookie's value: when it was issued, a nonce, and their HMAC under a key made
@@ -105,11 +105,14 @@ class Security:
             return False
         return 0 <= (time.time() if now is None else now) - int(issued) < LOGIN_SECONDS
 
-    def log_out(self, value: str | None) -> None:
-        if self.valid_login(value):
-            if len(self.logged_out) >= 100_000:  # bounded: the oldest would have expired long ago
-                self.logged_out.clear()
-            self.logged_out.add((value or "").split(".")[1])
+    def log_out(self, value: str | None, now: float | None = None) -> None:
+        if not self.valid_login(value, now):
+            return
+        issued, nonce, _ = (value or "").split(".")
+        if len(self.logged_out) >= 10_000:  # what has expired needs no remembering
+            oldest = (time.time() if now is None else now) - LOGIN_SECONDS
+            self.logged_out = {n: t for n, t in self.logged_out.items() if t >= oldest}
+        self.logged_out[nonce] = int(issued)
 
     def _login_mac(self, issued: str, nonce: str) -> str:
         key = _digest(self.secret, "login:" + (self.token or ""))
