@@ -500,6 +500,125 @@ async def test_stop_background_waits_for_the_running_pass(tmp_path: Path) -> Non
         assert state is not None and state.lease_owner is None, "lease left behind by the stopped pass"
 
 
+async def _backlog(hc: HistoryCompressor, conversations: int) -> list[str]:
+    """``conversations`` conversations, each with one sealed topic too long to keep word for word."""
+    ids = [f"c{k}" for k in range(conversations)]
+    for cid in ids:
+        for i in range(4):
+            await hc.add_message(cid, {"role": "user", "content": f"point {i}: {FILLER} {FILLER}"})
+        await hc.add_message(cid, {"role": "user", "content": "New topic: next"})
+    return ids
+
+
+async def _leased(url: str, ids: Sequence[str]) -> list[str]:
+    async with HistoryCompressor(url) as fresh:
+        states = [await fresh.store.state(cid) for cid in ids]
+    return [s.id for s in states if s is not None and s.lease_owner is not None]
+
+
+@pytest.mark.timeout(60)
+async def test_a_stop_ends_the_pass_after_the_conversation_in_hand(tmp_path: Path) -> None:
+    # A backlog would hold a stop (a worker's SIGTERM, a bot's shutdown) for as long as it takes to
+    # work through: the pass ends after the conversation in hand and gives the rest back.
+    slow = SlowSummarizer(0.5)
+    url = f"sqlite:///{tmp_path / 'bg.db'}"
+    async with HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=slow) as hc:
+        ids = await _backlog(hc, 5)
+        await hc.start_background(0.05)
+        await asyncio.wait_for(slow.entered.wait(), 10)
+        await hc.stop_background()
+        assert slow.finished == 1
+        assert await _leased(url, ids) == []
+        pending = [cid for cid in ids if (await hc.get_history(cid)).topics[0].status == "pending"]
+        assert len(pending) == 4
+        assert (await hc.maintain()).summarized == 4  # a maintain() after the stop runs a whole pass
+
+
+@pytest.mark.timeout(60)
+async def test_a_second_close_or_stop_waits_for_the_first(tmp_path: Path) -> None:
+    # It returned at once and closed the store under the pass still running (its leases held).
+    slow = SlowSummarizer(0.5)
+    url = f"sqlite:///{tmp_path / 'bg.db'}"
+    hc = HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=slow)
+    ids = await _backlog(hc, 2)
+    await hc.start_background(0.05)
+    await asyncio.wait_for(slow.entered.wait(), 10)
+    await asyncio.gather(hc.close(), hc.close(), hc.stop_background())
+    await hc.close()  # and again, later: nothing to do
+    assert slow.finished == 1 and await _leased(url, ids) == []
+    with pytest.raises(ConfigurationError, match="closed"):
+        await hc.start_background(0.05)
+
+
+@pytest.mark.timeout(60)
+async def test_starting_the_background_job_twice_at_once_runs_one(tmp_path: Path) -> None:
+    # Not initialised yet: each start awaited the initialisation after finding no job running.
+    hc = HistoryCompressor(f"sqlite:///{tmp_path / 'bg.db'}", summarize_inline=False)
+    try:
+        passes: list[float] = []
+        maintain = hc.maintain
+
+        async def counted(*args: Any, **kwargs: Any) -> MaintenanceReport:
+            passes.append(time.monotonic())
+            return await maintain(*args, **kwargs)
+
+        hc.maintain = counted  # type: ignore[method-assign]
+        await asyncio.gather(*(hc.start_background(0.05) for _ in range(4)))
+        await asyncio.sleep(0.3)
+        await hc.stop_background()
+        stopped = len(passes)
+        await asyncio.sleep(0.3)
+        assert len(passes) == stopped, "a second scheduler kept running after the stop"
+    finally:
+        await hc.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_cancelled_pass_gives_back_every_conversation_it_claimed(tmp_path: Path) -> None:
+    slow = SlowSummarizer(5.0)
+    url = f"sqlite:///{tmp_path / 'bg.db'}"
+    async with HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=slow) as hc:
+        ids = await _backlog(hc, 4)
+        task = asyncio.ensure_future(hc.maintain())
+        await asyncio.wait_for(slow.entered.wait(), 10)
+        assert len(await _leased(url, ids)) == 4  # one batch claimed
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await _leased(url, ids) == []
+
+
+@pytest.mark.timeout(60)
+def test_closing_the_blocking_twin_waits_for_calls_of_other_threads(tmp_path: Path) -> None:
+    import threading
+
+    from tiered_history import SyncHistoryCompressor
+
+    slow = SlowSummarizer(0.5)
+    url = f"sqlite:///{tmp_path / 'bg.db'}"
+    h = SyncHistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=slow)
+    for i in range(4):
+        h.add_message("c", {"role": "user", "content": f"point {i}: {FILLER} {FILLER}"})
+    h.add_message("c", {"role": "user", "content": "New topic: next"})
+    reports: list[MaintenanceReport] = []
+    worker = threading.Thread(target=lambda: reports.append(h.maintain()))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not slow.entered.is_set():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    closers = [threading.Thread(target=h.close) for _ in range(2)]
+    for t in closers:
+        t.start()
+    for t in (worker, *closers):
+        t.join(20)
+        assert not t.is_alive(), "a call was left waiting on a stopped loop"
+    assert [r.summarized for r in reports] == [1]
+    with SyncHistoryCompressor(url) as fresh:
+        state = fresh.reply.store.read_state("c")
+        assert state is not None and state.lease_owner is None
+
+
 class FlakyCompressor:
     """``maintain()`` raises for the first ``failures`` calls; records when it was called."""
 

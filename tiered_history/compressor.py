@@ -168,6 +168,10 @@ class HistoryCompressor(BaseCompressor):
     ) -> None:
         super().__init__(target, settings=settings, summarizer=summarizer, detectors=detectors, **overrides)
         self._init_lock = asyncio.Lock()
+        # One start, one stop and one close at a time: a second call waits for the first (a
+        # second close() returned at once before, closing the store under a pass still running).
+        self._life_lock = asyncio.Lock()
+        self._closed = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -190,10 +194,15 @@ class HistoryCompressor(BaseCompressor):
         return await self.store.call(fn, *args, **kwargs)
 
     async def close(self) -> None:
-        """Stop the background job and close the store (an Engine you passed stays open)."""
-        await self.stop_background()
-        await self.store.close()
-        self.store.shutdown()
+        """Stop the background job and close the store (an Engine you passed stays open). Calling
+        it again, or while it runs, waits for the first close and does nothing more."""
+        async with self._life_lock:
+            if self._closed:
+                return
+            await self._stop_background()
+            self._closed = True
+            await self.store.close()
+            self.store.shutdown()
 
     async def __aenter__(self) -> Self:
         await self.initialize()
@@ -410,16 +419,24 @@ class HistoryCompressor(BaseCompressor):
         """Run ``maintain()`` every ``maintenance_interval_seconds`` inside this event loop."""
         from .scheduler import BackgroundMaintenance
 
-        if self._background is None:
-            if not self._initialized:
-                await self.initialize()
-            self._background = BackgroundMaintenance(
-                self, interval_seconds or self.settings.maintenance_interval_seconds
-            )
-            self._background.start()
+        async with self._life_lock:
+            if self._closed:
+                raise ConfigurationError("this compressor is closed: make a new one")
+            if self._background is None:
+                if not self._initialized:
+                    await self.initialize()
+                self._background = BackgroundMaintenance(
+                    self, interval_seconds or self.settings.maintenance_interval_seconds
+                )
+                self._background.start()
 
     async def stop_background(self) -> None:
-        """Stop the background job (a pass in progress finishes first)."""
+        """Stop the background job: a pass in progress ends after the conversation in hand, and
+        gives the rest of its conversations back."""
+        async with self._life_lock:
+            await self._stop_background()
+
+    async def _stop_background(self) -> None:
         if self._background is not None:
             await self._background.stop()
             self._background = None

@@ -97,6 +97,10 @@ class Maintenance:
         self.detectors = tuple(detectors)
         self.detect_every = detect_every
         self.detector_timeout = detector_timeout_seconds
+        self.stopping = False
+        """Set while a shutdown waits for the pass in progress: it ends after the conversation in
+        hand, giving the rest of its batch back (a backlog would otherwise hold a stop for as long
+        as it takes to work through)."""
 
     async def run(
         self, conversation_id: str | None = None, now: datetime | None = None, *, detect: bool = True
@@ -114,14 +118,29 @@ class Maintenance:
             claimed = await self.store.claim(
                 self.worker_id, at, self.lease_seconds, BATCH, after=after, conversation_id=conversation_id
             )
-            for cid in claimed:
+            for i, cid in enumerate(claimed):
+                if self.stopping:
+                    # Asked to stop: the rest of the batch goes back now, not when its leases expire.
+                    await self._release_all(claimed[i:])
+                    return report
                 report.conversations += 1
-                await self._compact(cid, at, report, detect)
+                try:
+                    await self._compact(cid, at, report, detect)
+                except asyncio.CancelledError:
+                    await asyncio.shield(self._release_all(claimed[i + 1 :]))
+                    raise
             if conversation_id is not None or not claimed:
                 return report
             # Conversations that still have work (a topic that cannot be sealed yet, say) stay
             # behind the cursor: they cannot crowd out the ones not visited yet in this pass.
             after = claimed[-1]
+
+    async def _release_all(self, conversation_ids: Sequence[str]) -> None:
+        for cid in conversation_ids:
+            try:
+                await self.store.release(self.worker_id, cid)
+            except Exception:  # the lease then expires: nothing is lost, the work waits for it
+                log.exception("could not give back the lease on %s", cid)
 
     # -- one conversation ------------------------------------------------------------------------
 

@@ -46,7 +46,8 @@ class BackgroundMaintenance:
     """Runs ``compressor.maintain()`` every ``interval_seconds`` on the running event loop.
 
     One run at a time (``max_instances=1``), missed runs coalesced, exceptions logged.
-    ``stop()`` lets a run in progress finish, so no lease is left behind.
+    ``stop()`` lets a run in progress end after the conversation in hand (the rest of its batch is
+    given back), so no lease is left behind.
     """
 
     def __init__(self, compressor: Maintainer, interval_seconds: float) -> None:
@@ -59,6 +60,7 @@ class BackgroundMaintenance:
         self._scheduler: Any = None
         self._current: asyncio.Future[None] | None = None
         self._stopping = False
+        self._stop: asyncio.Future[None] | None = None
 
     @property
     def running(self) -> bool:
@@ -69,6 +71,7 @@ class BackgroundMaintenance:
         if self._scheduler is not None:
             return
         self._stopping = False
+        self._stop = None
         loop = asyncio.get_running_loop()
         scheduler = AsyncIOScheduler(event_loop=loop, timezone=UTC)
         scheduler.add_job(
@@ -88,9 +91,10 @@ class BackgroundMaintenance:
     async def _tick(self) -> None:
         if self._stopping or (self._current is not None and not self._current.done()):
             return
-        # Shielded: APScheduler cancels running jobs on shutdown; a maintain() pass always completes.
+        # A task of its own that the job does not wait for: APScheduler neither cancels it at
+        # shutdown nor counts it as a running instance (which it logged as a skipped run at every
+        # interval of a long pass); stop() waits for it, and this check keeps one at a time.
         self._current = asyncio.ensure_future(self._maintain_once())
-        await asyncio.shield(self._current)
 
     async def _maintain_once(self) -> None:
         try:
@@ -104,17 +108,32 @@ class BackgroundMaintenance:
         _log_report(report)
 
     async def stop(self) -> None:
-        """Stop scheduling, wait for a run in progress to finish, then shut the scheduler down."""
+        """Stop scheduling, let a run in progress end after the conversation in hand, then shut the
+        scheduler down. A second call while the first runs waits for the same stop."""
+        if self._stop is None:
+            if self._scheduler is None:
+                return
+            self._stop = asyncio.ensure_future(self._stop_now())
+        # Shielded: a caller that gives up waiting (a timeout) leaves the stop to finish.
+        await asyncio.shield(self._stop)
+
+    async def _stop_now(self) -> None:
         scheduler, self._scheduler = self._scheduler, None
-        if scheduler is None:
-            return
+        assert scheduler is not None
         self._stopping = True  # a run already handed to the executor returns at once
-        scheduler.pause()
-        await self._wait_current()
-        if scheduler.running:
-            scheduler.shutdown(wait=False)
-        await asyncio.sleep(0)  # AsyncIOScheduler shuts down on the next loop iteration
-        await self._wait_current()
+        maintenance = getattr(self.compressor, "maintenance", None)
+        if maintenance is not None:
+            maintenance.stopping = True
+        try:
+            scheduler.pause()
+            await self._wait_current()
+            if scheduler.running:
+                scheduler.shutdown(wait=False)
+            await asyncio.sleep(0)  # AsyncIOScheduler shuts down on the next loop iteration
+            await self._wait_current()
+        finally:
+            if maintenance is not None:
+                maintenance.stopping = False
 
     async def _wait_current(self) -> None:
         current = self._current
@@ -135,6 +154,26 @@ async def run_worker(
     """
     if interval_seconds <= 0:
         raise ValueError("interval_seconds must be positive")
+    watch = asyncio.ensure_future(_stop_passes_on(stop_event, compressor)) if stop_event else None
+    try:
+        await _work(compressor, interval_seconds, stop_event)
+    finally:
+        if watch is not None:
+            watch.cancel()
+            maintenance = getattr(compressor, "maintenance", None)
+            if maintenance is not None:
+                maintenance.stopping = False
+
+
+async def _stop_passes_on(stop_event: asyncio.Event, compressor: Maintainer) -> None:
+    """Once ``stop_event`` is set, a pass in progress ends after the conversation in hand."""
+    await stop_event.wait()
+    maintenance = getattr(compressor, "maintenance", None)
+    if maintenance is not None:
+        maintenance.stopping = True
+
+
+async def _work(compressor: Maintainer, interval_seconds: float, stop_event: asyncio.Event | None) -> None:
     failures = 0
     while stop_event is None or not stop_event.is_set():
         try:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from .compressor import BaseCompressor, HistoryCompressor
 from .core.boundaries import BoundaryDetector
 from .core.recollection import Recollection
+from .errors import ConfigurationError
 from .maintenance import MaintenanceReport
 from .models import (
     CompressedContext,
@@ -46,20 +47,37 @@ class _LoopThread:
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._running = 0  # calls of any thread in progress on the loop
+        self._stopped = False
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         with self._lock:
+            if self._stopped:
+                coro.close()
+                raise ConfigurationError("this compressor is closed: make a new one")
             if self.loop is None:
                 self.loop = asyncio.new_event_loop()
                 self.thread = threading.Thread(
                     target=self.loop.run_forever, name="tiered-history", daemon=True
                 )
                 self.thread.start()
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+            self._running += 1
+            loop = self.loop
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._lock.notify_all()
 
     def stop(self) -> None:
-        loop, thread = self.loop, self.thread
+        """Stop the loop once the calls in progress on it (other threads') have returned: a loop
+        stopped under one leaves its caller waiting for ever."""
+        with self._lock:
+            self._stopped = True
+            self._lock.wait_for(lambda: self._running == 0)
+            loop, thread = self.loop, self.thread
         if loop is None or loop.is_closed():
             return
         loop.call_soon_threadsafe(loop.stop)
@@ -83,6 +101,9 @@ class SyncHistoryCompressor(BaseCompressor):
         super().__init__(target, settings=settings, summarizer=summarizer, detectors=detectors, **overrides)
         self._loop = _LoopThread()
         self._init_lock = threading.Lock()
+        # One start, one stop and one close at a time, whichever threads call them.
+        self._life_lock = threading.RLock()
+        self._closed = False
 
     def initialize(self) -> None:
         with self._init_lock:
@@ -96,12 +117,17 @@ class SyncHistoryCompressor(BaseCompressor):
         return self.reply
 
     def close(self) -> None:
-        try:
-            self.stop_background()
-            self.sync_store.close()
-        finally:
-            self._loop.stop()
-            self.store.shutdown()
+        with self._life_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self.stop_background()
+                self._loop.stop()  # after the other threads' calls in progress have returned
+                self.sync_store.close()
+            finally:
+                self._loop.stop()
+                self.store.shutdown()
 
     def __enter__(self) -> Self:
         self.initialize()
@@ -248,14 +274,18 @@ class SyncHistoryCompressor(BaseCompressor):
         self._background.start()
 
     def start_background(self, interval_seconds: float | None = None) -> None:
-        if self._background is None:
-            self._ready()
-            self._loop.run(self._start(interval_seconds or self.settings.maintenance_interval_seconds))
+        with self._life_lock:
+            if self._closed:
+                raise ConfigurationError("this compressor is closed: make a new one")
+            if self._background is None:
+                self._ready()
+                self._loop.run(self._start(interval_seconds or self.settings.maintenance_interval_seconds))
 
     def stop_background(self) -> None:
-        if self._background is not None:
-            self._loop.run(self._background.stop())
-            self._background = None
+        with self._life_lock:
+            if self._background is not None:
+                self._loop.run(self._background.stop())
+                self._background = None
 
 
 class _Maintainer:
@@ -263,6 +293,7 @@ class _Maintainer:
 
     def __init__(self, compressor: SyncHistoryCompressor) -> None:
         self.compressor = compressor
+        self.maintenance = compressor.maintenance  # its stop flag, set while a stop waits
 
     async def maintain(self) -> MaintenanceReport:
         return await self.compressor.maintenance.run()
