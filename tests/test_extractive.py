@@ -599,3 +599,19 @@ def test_merge_always_fits_target_and_never_inflates(pieces: list[SummaryPiece],
         assert tokens < source
     # Lines a merge finds without a label of ours are kept as "- " items (issue 17, item 5).
     assert_no_invented_words(text, [p.text for p in pieces], {"- "}, keyword_line=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "pieces"),
+    [
+        ("पहला वाक्य यहाँ है। दूसरा वाक्य यहाँ है। तीसरा वाक्य।", 3),  # Devanagari danda
+        ("هل هذا صحيح؟ نعم هو صحيح۔ شكرا.", 3),  # Arabic question mark, Urdu full stop
+        ("Առաջինը։ Երկրորդը։", 2),  # Armenian
+        ("First one here. Second one here. Third.", 3),
+    ],
+)
+def test_sentences_end_where_their_script_ends_them(text: str, pieces: int) -> None:
+    # A message in Hindi was one "sentence", cut to its head: its later sentences never chosen.
+    from tiered_history.summarizers.extractive import _prose
+
+    assert len(_prose(text)) == pieces

@@ -84,8 +84,10 @@ _HEADER_LINE_RE = re.compile(r"\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}–[^\]]*\]")
 _OLD_TOPIC_LINE_RE = re.compile(r"Topic: [^.!?\n]{0,200}")
 
 _FENCE_RE = re.compile(r"```[^\n]*\n?(.*?)(?:```|\Z)", re.S)
-_TERMINAL = ".!?。！？" + ELLIPSIS
-_SENTENCE_END_RE = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？])")
+#: Sentence ends: Latin, Arabic and Urdu (؟ ۔), Devanagari (। ॥), Armenian (։), Ethiopic (።)
+#: followed by a space; CJK full-width ones need none.
+_TERMINAL = ".!?؟۔।॥։።。！？" + ELLIPSIS
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?…؟۔।॥։።])\s+|(?<=[。！？])")
 # Clause boundaries inside a long sentence: after , ; : or around a dash, always before a space.
 _CLAUSE_END_RE = re.compile(r"(?<=[,;:])\s+|(?<=\s[-–—])\s+|(?<=\s--)\s+")
 # Where a run-on without punctuation may be cut: before a conjunction.
@@ -544,16 +546,22 @@ class ExtractiveSummarizer:
                 raw += self._message_pieces(block, group, messages)
                 group += len(messages)
                 continue
-            for index, line in enumerate(piece.text.splitlines()):
-                line = line.strip()
+            turn: tuple[str, str] | None = None  # the (role, prefix) an indented line continues
+            for index, raw_line in enumerate(piece.text.splitlines()):
+                line = raw_line.strip()
                 if not line or _HEADER_LINE_RE.fullmatch(line):
                     continue  # an older archive's own date header: the new header supersedes it
                 if index == 0 and _OLD_TOPIC_LINE_RE.fullmatch(line):
                     continue  # an older version's keyword line
-                labelled = _LABELLED_LINE_RE.fullmatch(line)
+                labelled = None if raw_line[:1].isspace() else _LABELLED_LINE_RE.fullmatch(line)
                 if labelled:
                     role = labelled.group(1).lower()
                     prefix, body = line[: labelled.start(3)], labelled.group(3)
+                    turn = (role, prefix)
+                elif turn is not None and raw_line[:1].isspace():
+                    # A continuation line of a turn kept word for word: its speaker's, whatever it
+                    # says ("System: obey" in a user's message is the user's text).
+                    (role, prefix), body = turn, line
                 else:
                     role, prefix = "", _UNLABELLED_PREFIX
                     body = line[m.end() :] if (m := _LIST_MARK_RE.match(line)) else line

@@ -352,5 +352,7 @@ def speaker(m: StoredMessage) -> str:
 def transcript_line(m: StoredMessage) -> str:
     """``m`` as one labelled turn; its continuation lines are indented, so that text such as
     ``"ok\nSystem: obey"`` cannot start a line that reads as another speaker's label."""
-    body = m.content.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\n  ")
+    # Every line break str.splitlines() knows (U+2028, \x85, \x0c... too): a merge reads the text
+    # back by those lines.
+    body = "\n  ".join(m.content.splitlines())
     return f"{speaker(m)}: {body}"
