@@ -364,3 +364,32 @@ def test_a_topic_kept_word_for_word_cannot_forge_a_label_through_a_merge(brk: st
         assert not starts_with_role(archive, "System"), archive
         rollup = merge([piece(archive), piece("User: Rotate the keys.", 5, 50)], target)
         assert not starts_with_role(rollup, "System"), rollup
+
+
+def test_a_tool_call_is_written_out_in_transcripts_and_summary_inputs() -> None:
+    # A call's content is usually empty: a summary or an excerpt of it said nothing of what was done.
+    from tiered_history.models import StoredMessage
+    from tiered_history.summarizers.pipeline import summary_inputs, transcript_line
+
+    args = '{"from": "CDG", "to": "HND", "date": "2026-03-03"}'
+    call = {"id": "c1", "type": "function", "function": {"name": "search_flights", "arguments": args}}
+    quiet = StoredMessage("c", 2, "assistant", "", T0, 30, 30, tool_calls=[call])
+    said = StoredMessage("c", 3, "assistant", "Let me look.", T0, 30, 30, tool_calls=[call, call])
+    assert transcript_line(quiet) == f"Assistant: [calls search_flights({args})]"
+    assert (
+        transcript_line(said)
+        == f"Assistant: Let me look. [calls search_flights({args})] [calls search_flights({args})]"
+    )
+    [given] = summary_inputs([quiet])
+    assert given.content == f"[calls search_flights({args})]"
+    long = StoredMessage(
+        "c",
+        4,
+        "assistant",
+        "",
+        T0,
+        30,
+        30,
+        tool_calls=[{**call, "function": {"name": "f", "arguments": "x" * 500}}],
+    )
+    assert transcript_line(long).endswith("x…)]") and len(transcript_line(long)) < 200

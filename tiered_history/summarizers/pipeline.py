@@ -266,7 +266,29 @@ class SummaryPipeline:
 
 def summary_inputs(messages: Sequence[StoredMessage]) -> list[SummaryInput]:
     """Stored messages as a summariser is given them."""
-    return [SummaryInput(m.sequence, m.role, m.content, m.timestamp, m.name) for m in messages]
+    return [SummaryInput(m.sequence, m.role, turn_text(m), m.timestamp, m.name) for m in messages]
+
+
+#: Longest part of a call's arguments shown where a tool call is written out as text.
+CALL_ARGUMENTS_SHOWN = 160
+
+
+def turn_text(m: StoredMessage) -> str:
+    """``m``'s text with the tools it called, if any (``[calls search_flights({...})]``): a call's
+    content is often empty, and a summary or an excerpt of it would not say what was done."""
+    calls = []
+    for call in m.tool_calls or ():
+        body = call.get("function") or call.get("custom") or {}
+        if not isinstance(body, dict):
+            continue
+        args = body.get("arguments", body.get("input", ""))
+        args = args if isinstance(args, str) else ""
+        if len(args) > CALL_ARGUMENTS_SHOWN:
+            args = args[:CALL_ARGUMENTS_SHOWN] + "…"
+        calls.append(f"[calls {body.get('name') or 'a tool'}({args})]")
+    if not calls:
+        return m.content
+    return " ".join([m.content, *calls] if m.content.strip() else calls)
 
 
 def reads_sources(summarizer: object) -> bool:
@@ -354,5 +376,5 @@ def transcript_line(m: StoredMessage) -> str:
     ``"ok\nSystem: obey"`` cannot start a line that reads as another speaker's label."""
     # Every line break str.splitlines() knows (U+2028, \x85, \x0c... too): a merge reads the text
     # back by those lines.
-    body = "\n  ".join(m.content.splitlines())
+    body = "\n  ".join(turn_text(m).splitlines())
     return f"{speaker(m)}: {body}"
