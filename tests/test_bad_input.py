@@ -660,3 +660,17 @@ def test_a_mapping_whose_reads_fail_is_an_invalid_message() -> None:
         pytest.raises(InvalidMessageError, match="fields failed"),
     ):
         h.pin("c", Broken(role="system", content="hi"))
+
+
+def test_a_tool_result_for_a_call_another_compressor_stored_is_accepted(tmp_path: Any) -> None:
+    # Judged against this compressor's own (stale) state, the result answered no open call.
+    url = f"sqlite:///{tmp_path / 'two.db'}"
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    with SyncHistoryCompressor(url) as a, SyncHistoryCompressor(url) as b:
+        a.add_message("c", {"role": "user", "content": "look it up"})
+        b.add_message("c", {"role": "user", "content": "please"})  # b knows the state now
+        a.add_message("c", {"role": "assistant", "content": None, "tool_calls": [call]})
+        b.add_message("c", {"role": "tool", "tool_call_id": "call_1", "content": "42"})
+        assert [m.role for m in a.get_messages("c")] == ["user", "user", "assistant", "tool"]
+        with pytest.raises(InvalidMessageError, match="answers no open tool call"):
+            b.add_message("c", {"role": "tool", "tool_call_id": "call_1", "content": "again"})

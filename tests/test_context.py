@@ -825,3 +825,25 @@ async def test_recall_never_follows_the_tool_result_the_model_must_answer() -> N
         sent = ctx.to_messages()
         assert sent[-1]["role"] == "tool" and sent[-2]["tool_calls"] == [lookup("c1")]
         assert ctx.total_tokens <= 350
+
+
+async def test_a_reader_whose_model_prices_images_otherwise_counts_them_itself(tmp_path: Any) -> None:
+    # gpt-4o and gpt-4o-mini share an encoding, so stored counts were reused as they were; but
+    # gpt-4o-mini counts an image at 33 times gpt-4o's: its contexts went far over max_tokens.
+    from tests.shapes import png_data_url
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    image = {"type": "image_url", "image_url": {"url": png_data_url(512, 512), "detail": "low"}}
+    async with HistoryCompressor.from_url(url, model="gpt-4o") as writer:
+        for i in range(3):
+            await writer.add_message(
+                CID, {"role": "user", "content": [{"type": "text", "text": f"photo {i}"}, image]}
+            )
+            await writer.add_message(CID, {"role": "assistant", "content": f"a nice photo {i}"})
+        await writer.add_message(CID, {"role": "user", "content": "which photo was best?"})
+    mini = TokenCounter("gpt-4o-mini")
+    assert mini.part_tokens(image) > 10 * TokenCounter("gpt-4o").part_tokens(image)
+    async with HistoryCompressor.from_url(url, model="gpt-4o-mini") as reader:
+        for budget in (1000, 3000, 8000, 20000):
+            ctx = await reader.get_context(CID, budget)
+            assert ctx.total_tokens == mini.messages_tokens(ctx.to_messages()) <= budget, budget

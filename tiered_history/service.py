@@ -399,7 +399,17 @@ class ReplyPath:
         """
         state = self.known_state(conversation_id)
         for _ in range(OPTIMISTIC_ATTEMPTS):
-            writes = plan(state)
+            try:
+                writes = plan(state)
+            except InvalidMessageError:
+                # Judged against the state this process knew: another process may have moved it
+                # on (the tool call a result answers, written elsewhere). Judge it again on the
+                # stored state before refusing.
+                fresh = self.read_state(conversation_id)
+                if (fresh.version if fresh else None) == (state.version if state else None):
+                    raise
+                state = fresh
+                continue
             if writes is None:
                 return None
             done = self.store.commit(conversation_id, Guard(None if state is None else state.version), writes)
@@ -943,14 +953,20 @@ class ReplyPath:
         """The context from a snapshot: recall candidates searched, then the core's assembly."""
         state = snap.state
         recount = bool(state.encoding) and state.encoding != self.counter.encoding_name
-        fix = self._recounted if recount else (lambda m: m)
+        # Images are priced by the model, not by the encoding (gpt-4o-mini counts one at 33 times
+        # gpt-4o's): a message with media parts is counted again by this reader whatever wrote it.
+        fix = self._recounted if recount else _media_recounted(self._recounted)
         summ = self._recounted_summary if recount else (lambda x: x)
         # A copy, counted again only when the tokenizer changed (the window is a few hundred rows).
-        recent = [fix(m) for m in snap.windows[0]] if recount else list(snap.windows[0])
+        window = snap.windows[0]
+        recent = [fix(m) for m in window]
         topics = [summ(t) for t in snap.summaries[0] if t.content]
         archives = sorted((summ(a) for a in snap.summaries[1] if a.content), key=lambda a: a.first_sequence)
         text = self._query_text(recent, query)
-        recall = [self._recounted_candidate(c) if recount else c for c in self._recall(conversation_id, text)]
+        recall = [
+            self._recounted_candidate(c) if recount else _media_recounted_candidate(c, fix)
+            for c in self._recall(conversation_id, text)
+        ]
         back = self._topic_back(conversation_id, recall, topics, max_tokens, recent, fix)
         if back is not None:
             recall.append(back)
@@ -958,7 +974,14 @@ class ReplyPath:
         rows = Rows(
             pinned=pinned,
             recent=recent,
-            end_position=state.context_tokens if not recount else sum(m.token_count for m in recent),
+            end_position=(
+                sum(m.token_count for m in recent)
+                if recount
+                else state.context_tokens
+                + sum(
+                    f.token_count - m.token_count for m, f in zip(window, recent, strict=True) if f is not m
+                )
+            ),
             topics=topics,
             archives=archives,
             recall=recall,
@@ -1249,6 +1272,25 @@ def _exported_part(state: ConversationState) -> tuple[object, ...]:
         state.channel,
         state.users,
     )
+
+
+def _has_media(m: StoredMessage) -> bool:
+    """Whether ``m``'s content has parts other than text (an image, audio, a file)."""
+    parts = m.extra.get("content") if m.extra else None
+    return type(parts) is list and any(type(p) is dict and p.get("type") != "text" for p in parts)
+
+
+def _media_recounted(
+    recount: Callable[[StoredMessage], StoredMessage],
+) -> Callable[[StoredMessage], StoredMessage]:
+    """``recount`` for the messages with media parts, the others as stored."""
+    return lambda m: recount(m) if _has_media(m) else m
+
+
+def _media_recounted_candidate(c: Recalled, fix: Callable[[StoredMessage], StoredMessage]) -> Recalled:
+    if c.summary is not None or not any(_has_media(m) for m in c.messages):
+        return c
+    return replace(c, messages=tuple(fix(m) for m in c.messages))
 
 
 def _info(state: ConversationState) -> ConversationInfo:
