@@ -170,3 +170,39 @@ async def test_eight_writers_two_workers_one_conversation_postgres(pg_url: str, 
 @pytest.mark.timeout(300)
 async def test_four_writers_two_workers_one_conversation_sqlite_file(tmp_path: Path) -> None:
     await _run(f"sqlite:///{tmp_path / 'shared.db'}", tmp_path, writers=4, per_writer=150, workers=2)
+
+
+@pytest.mark.timeout(120)
+def test_more_threads_than_connections_take_turns_on_postgresql(pg_url: str) -> None:
+    # The store keeps its connections between calls; past the engine pool's limit a thread asked
+    # the pool for one, while busy threads kept taking the kept ones: it waited until the others
+    # went idle (30 s timeouts, retried). Now it waits in line for the next one given back.
+    import threading
+
+    from tiered_history import SyncHistoryCompressor
+
+    with SyncHistoryCompressor.from_url(pg_url) as h:
+        for c in range(11):
+            h.add_message(f"c{c}", {"role": "user", "content": "hello"})
+        stop = time.monotonic() + 8.0
+        start = threading.Barrier(11)
+
+        def busy(t: int) -> None:
+            start.wait()
+            while time.monotonic() < stop:
+                h.get_context(f"c{t}", max_tokens=1000)
+
+        threads = [threading.Thread(target=busy, args=(t,)) for t in range(10)]
+        for t in threads:
+            t.start()
+        start.wait()
+        time.sleep(1.0)
+        began = time.monotonic()
+        h.add_message("c10", {"role": "user", "content": "my turn"})
+        waited = time.monotonic() - began
+        finished_while_busy = time.monotonic() < stop
+        for t in threads:
+            t.join()
+        # A liveness bound, not a speed figure: before, the call waited for the 7 s left.
+        assert finished_while_busy, f"the 11th thread waited {waited:.1f} s, until the others stopped"
+        assert [m.content for m in h.get_messages("c10")] == ["hello", "my turn"]

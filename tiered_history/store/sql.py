@@ -14,7 +14,7 @@ import os
 import re
 import secrets
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
@@ -431,6 +431,11 @@ class Statements:
             return found
 
 
+#: How long a call waits for a connection another call of this store is using, when the
+#: engine's pool has lent all it may (then the pool's own timeout applies).
+POOL_WAIT_SECONDS = 30.0
+
+
 class _Held:
     """Connections a store keeps checked out of its own engine and reuses for every transaction.
 
@@ -450,8 +455,19 @@ class _Held:
         self._free: list[tuple[Any, Any]] = []
         self._free_nowait: list[tuple[Any, Any]] = []
         self._lock = threading.Lock()
+        self._waiting: deque[tuple[list[tuple[Any, Any]], threading.Event]] = deque()
         self._pid = os.getpid()
         self._local = threading.local()
+        # How many connections the engine's pool lends at most (None: no limit), and how many this
+        # holder has out (in use or kept free). Past the limit a thread waits for one to come
+        # back here: asking the pool would wait for a slot that connections kept free here hold,
+        # and those only go back to the pool when too many are kept (it timed out after 30 s).
+        pool = engine.pool
+        overflow = getattr(pool, "_max_overflow", -1)
+        self._cap: int | None = (
+            pool.size() + overflow if isinstance(pool, sa.pool.QueuePool) and overflow >= 0 else None
+        )
+        self._out = 0
 
     def nowait_now(self) -> bool:
         return bool(getattr(self._local, "nowait", False))
@@ -470,11 +486,38 @@ class _Held:
         with self._lock:
             if self._pid != os.getpid():
                 # A forked child must not use its parent's connections (nor close them).
-                self._free, self._free_nowait, self._pid = [], [], os.getpid()
+                self._free, self._free_nowait, self._pid, self._out = [], [], os.getpid(), 0
             free = self._free_nowait if nowait else self._free
-            if free:
+            if free:  # (none while calls wait in line: put() hands a connection to the first)
                 return free.pop()
-        conn = self.engine.raw_connection()
+            if not nowait and self._cap is not None and self._out >= self._cap:
+                if self._free_nowait:  # one kept for the other kind of call: closed for this one
+                    self._out -= 1
+                    stale = self._free_nowait.pop()[0]
+                    with suppress(Exception):
+                        stale.invalidate()
+                else:
+                    # In line for the next connection a call gives back (handed over in order: a
+                    # busy thread asking again must not take it first, for ever).
+                    turn: list[tuple[Any, Any]] = []
+                    ready = threading.Event()
+                    self._waiting.append((turn, ready))
+                    self._lock.release()
+                    try:
+                        ready.wait(POOL_WAIT_SECONDS)
+                    finally:
+                        self._lock.acquire()
+                    if turn:
+                        return turn[0]
+                    with suppress(ValueError):
+                        self._waiting.remove((turn, ready))
+                    # None came back in time: the pool's own wait decides (and says so).
+            self._out += 1
+        try:
+            conn = self.engine.raw_connection()
+        except BaseException:
+            self._release_slot()
+            raise
         try:
             dbapi: Any = conn.dbapi_connection
             if self.sqlite:
@@ -485,11 +528,16 @@ class _Held:
                 dbapi.autocommit = True
             return conn, dbapi.cursor()
         except BaseException:
-            conn.invalidate()
+            self.discard(conn)
             raise
 
     def put(self, conn: Any, cur: Any, nowait: bool) -> None:
         with self._lock:
+            if self._waiting and not nowait:
+                turn, ready = self._waiting.popleft()
+                turn.append((conn, cur))
+                ready.set()
+                return
             free = self._free_nowait if nowait else self._free
             if len(free) < (self.keep_nowait if nowait else self.keep):
                 free.append((conn, cur))
@@ -500,6 +548,13 @@ class _Held:
         """Close a connection (not back to the pool: its settings are this class's)."""
         with suppress(Exception):  # already broken: nothing more to release
             conn.invalidate()
+        self._release_slot()
+
+    def _release_slot(self) -> None:
+        with self._lock:
+            self._out = max(self._out - 1, 0)
+            if self._waiting:  # a slot for the engine's pool: the first in line opens one
+                self._waiting.popleft()[1].set()
 
     def close(self) -> None:
         with self._lock:
