@@ -963,10 +963,7 @@ class ReplyPath:
         topics = [summ(t) for t in snap.summaries[0] if t.content]
         archives = sorted((summ(a) for a in snap.summaries[1] if a.content), key=lambda a: a.first_sequence)
         text = self._query_text(recent, query)
-        recall = [
-            self._recounted_candidate(c) if recount else _media_recounted_candidate(c, fix)
-            for c in self._recall(conversation_id, text)
-        ]
+        recall = [_recounted_candidate(c, fix, summ) for c in self._recall(conversation_id, text)]
         back = self._topic_back(conversation_id, recall, topics, max_tokens, recent, fix)
         if back is not None:
             recall.append(back)
@@ -1131,11 +1128,6 @@ class ReplyPath:
             return None
         return Recalled(strength, messages=tuple(kept))
 
-    def _recounted_candidate(self, c: Recalled) -> Recalled:
-        if c.summary is not None:
-            return replace(c, summary=self._recounted_summary(c.summary))
-        return replace(c, messages=tuple(self._recounted(m) for m in c.messages))
-
     def _shown(self, m: StoredMessage) -> StoredMessage:
         """Kept for callers of the first API: messages are stored and shown whole."""
         return m
@@ -1287,10 +1279,18 @@ def _media_recounted(
     return lambda m: recount(m) if _has_media(m) else m
 
 
-def _media_recounted_candidate(c: Recalled, fix: Callable[[StoredMessage], StoredMessage]) -> Recalled:
-    if c.summary is not None or not any(_has_media(m) for m in c.messages):
-        return c
-    return replace(c, messages=tuple(fix(m) for m in c.messages))
+def _recounted_candidate(
+    c: Recalled, fix: Callable[[StoredMessage], StoredMessage], summ: Callable[[Summary], Summary]
+) -> Recalled:
+    """``c`` with its messages (or summary) counted again as ``fix`` (``summ``) do, itself when
+    they count nothing again."""
+    if c.summary is not None:
+        summary = summ(c.summary)
+        return c if summary is c.summary else replace(c, summary=summary)
+    messages = tuple(fix(m) for m in c.messages)
+    return (
+        c if all(a is b for a, b in zip(messages, c.messages, strict=True)) else replace(c, messages=messages)
+    )
 
 
 def _info(state: ConversationState) -> ConversationInfo:
