@@ -121,9 +121,7 @@ class BackgroundMaintenance:
         scheduler, self._scheduler = self._scheduler, None
         assert scheduler is not None
         self._stopping = True  # a run already handed to the executor returns at once
-        maintenance = getattr(self.compressor, "maintenance", None)
-        if maintenance is not None:
-            maintenance.stopping = True
+        _stop_passes(self.compressor, True)
         try:
             scheduler.pause()
             await self._wait_current()
@@ -132,8 +130,7 @@ class BackgroundMaintenance:
             await asyncio.sleep(0)  # AsyncIOScheduler shuts down on the next loop iteration
             await self._wait_current()
         finally:
-            if maintenance is not None:
-                maintenance.stopping = False
+            _stop_passes(self.compressor, False)
 
     async def _wait_current(self) -> None:
         current = self._current
@@ -160,17 +157,21 @@ async def run_worker(
     finally:
         if watch is not None:
             watch.cancel()
-            maintenance = getattr(compressor, "maintenance", None)
-            if maintenance is not None:
-                maintenance.stopping = False
+            _stop_passes(compressor, False)
 
 
 async def _stop_passes_on(stop_event: asyncio.Event, compressor: Maintainer) -> None:
     """Once ``stop_event`` is set, a pass in progress ends after the conversation in hand."""
     await stop_event.wait()
+    _stop_passes(compressor, True)
+
+
+def _stop_passes(compressor: Maintainer, stopping: bool) -> None:
+    """Set the stop flag of ``compressor``'s maintenance (``Maintenance.stopping``), if it has one
+    (a stand-in with only ``maintain()`` has none)."""
     maintenance = getattr(compressor, "maintenance", None)
     if maintenance is not None:
-        maintenance.stopping = True
+        maintenance.stopping = stopping
 
 
 async def _work(compressor: Maintainer, interval_seconds: float, stop_event: asyncio.Event | None) -> None:
