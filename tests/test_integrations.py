@@ -352,26 +352,34 @@ async def test_pydantic_ai_streamed_output_tool_answer_stays_in_the_history() ->
         assert [m["tool_call_id"] for m in sent[2:4]] == ["t1", "f1"]
 
 
-async def test_pydantic_ai_an_image_a_tool_returns_reaches_the_model() -> None:
-    # pydantic-ai sends a tool's file as "See file <id>." in the result and the file in a user
-    # message after it; it used to be stored as the result's text alone, without the image.
-    png = BinaryContent(data=b"\x89PNG\r\n\x1a\n" + b"0" * 32, media_type="image/png")
+async def _run_a_tool_returning(
+    hc: HistoryCompressor, conversation_id: str, returned: BinaryContent
+) -> tuple[str, list[list[ModelMessage]]]:
+    """A run whose model calls a tool that returns ``returned``, then answers: its output, and the
+    messages the model got at each request."""
     seen: list[list[ModelMessage]] = []
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         seen.append(messages)
         if len(seen) == 1:
-            return ModelResponse(parts=[ToolCallPart("snapshot", {}, tool_call_id="c1")])
-        return ModelResponse(parts=[TextPart("I see it.")])
+            return ModelResponse(parts=[ToolCallPart("fetch", {}, tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("got it")])
 
+    agent = Agent(FunctionModel(model), capabilities=[pai.TieredHistory(hc, conversation_id)])
+
+    @agent.tool_plain
+    def fetch() -> BinaryContent:
+        return returned
+
+    return (await agent.run("Fetch it and describe it.")).output, seen
+
+
+async def test_pydantic_ai_an_image_a_tool_returns_reaches_the_model() -> None:
+    # pydantic-ai sends a tool's file as "See file <id>." in the result and the file in a user
+    # message after it; it used to be stored as the result's text alone, without the image.
+    png = BinaryContent(data=b"\x89PNG\r\n\x1a\n" + b"0" * 32, media_type="image/png")
     async with HistoryCompressor.from_url("memory://") as hc:
-        agent = Agent(FunctionModel(model), capabilities=[pai.TieredHistory(hc, "img")])
-
-        @agent.tool_plain
-        def snapshot() -> BinaryContent:
-            return png
-
-        await agent.run("Take a snapshot and describe it.")
+        _, seen = await _run_a_tool_returning(hc, "img", png)
         images = [
             item
             for m in seen[1]
@@ -388,20 +396,9 @@ async def test_pydantic_ai_an_image_a_tool_returns_reaches_the_model() -> None:
 
 async def test_pydantic_ai_audio_of_a_format_pydantic_ai_cannot_name_is_kept_as_a_file() -> None:
     clip = BinaryContent(data=b"\x1aE\xdf\xa3" + b"0" * 32, media_type="audio/webm")
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        if len(messages) == 1:
-            return ModelResponse(parts=[ToolCallPart("record", {}, tool_call_id="r1")])
-        return ModelResponse(parts=[TextPart("heard it")])
-
     async with HistoryCompressor.from_url("memory://") as hc:
-        agent = Agent(FunctionModel(model), capabilities=[pai.TieredHistory(hc, "audio")])
-
-        @agent.tool_plain
-        def record() -> BinaryContent:
-            return clip
-
-        assert (await agent.run("Record a clip.")).output == "heard it"  # storing it never fails the run
+        output, _ = await _run_a_tool_returning(hc, "audio", clip)
+        assert output == "got it"  # storing it never fails the run
         [files] = [m for m in (await hc.get_history("audio")).messages if m.role == "user"][1:]
         assert files.to_openai()["content"][1] == {"type": "file", "file": {"file_data": clip.data_uri}}
 

@@ -510,6 +510,13 @@ async def _backlog(hc: HistoryCompressor, conversations: int) -> list[str]:
     return ids
 
 
+def _slow_compressor(tmp_path: Path, delay: float) -> tuple[HistoryCompressor, SlowSummarizer, str]:
+    """A compressor on a SQLite file whose summariser takes ``delay`` seconds; and that file's URL."""
+    slow = SlowSummarizer(delay)
+    url = f"sqlite:///{tmp_path / 'bg.db'}"
+    return HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=slow), slow, url
+
+
 async def _leased(url: str, ids: Sequence[str]) -> list[str]:
     async with HistoryCompressor(url) as fresh:
         states = [await fresh.store.state(cid) for cid in ids]
@@ -520,9 +527,8 @@ async def _leased(url: str, ids: Sequence[str]) -> list[str]:
 async def test_a_stop_ends_the_pass_after_the_conversation_in_hand(tmp_path: Path) -> None:
     # A backlog would hold a stop (a worker's SIGTERM, a bot's shutdown) for as long as it takes to
     # work through: the pass ends after the conversation in hand and gives the rest back.
-    slow = SlowSummarizer(0.5)
-    url = f"sqlite:///{tmp_path / 'bg.db'}"
-    async with HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=slow) as hc:
+    hc, slow, url = _slow_compressor(tmp_path, 0.5)
+    async with hc:
         ids = await _backlog(hc, 5)
         await hc.start_background(0.05)
         await asyncio.wait_for(slow.entered.wait(), 10)
@@ -537,9 +543,7 @@ async def test_a_stop_ends_the_pass_after_the_conversation_in_hand(tmp_path: Pat
 @pytest.mark.timeout(60)
 async def test_a_second_close_or_stop_waits_for_the_first(tmp_path: Path) -> None:
     # It returned at once and closed the store under the pass still running (its leases held).
-    slow = SlowSummarizer(0.5)
-    url = f"sqlite:///{tmp_path / 'bg.db'}"
-    hc = HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=slow)
+    hc, slow, url = _slow_compressor(tmp_path, 0.5)
     ids = await _backlog(hc, 2)
     await hc.start_background(0.05)
     await asyncio.wait_for(slow.entered.wait(), 10)
@@ -575,9 +579,8 @@ async def test_starting_the_background_job_twice_at_once_runs_one(tmp_path: Path
 
 @pytest.mark.timeout(60)
 async def test_a_cancelled_pass_gives_back_every_conversation_it_claimed(tmp_path: Path) -> None:
-    slow = SlowSummarizer(5.0)
-    url = f"sqlite:///{tmp_path / 'bg.db'}"
-    async with HistoryCompressor(url, settings=Settings.load(**LEASE_SETTINGS), summarizer=slow) as hc:
+    hc, slow, url = _slow_compressor(tmp_path, 5.0)
+    async with hc:
         ids = await _backlog(hc, 4)
         task = asyncio.ensure_future(hc.maintain())
         await asyncio.wait_for(slow.entered.wait(), 10)
