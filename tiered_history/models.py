@@ -483,3 +483,9 @@ def _owned(value: Any) -> Any:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def has_media(content: object) -> bool:
+    """Whether an OpenAI message ``content`` is parts with one other than text (an image, audio,
+    a file)."""
+    return type(content) is list and any(type(p) is dict and p.get("type") != "text" for p in content)

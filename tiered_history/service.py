@@ -54,6 +54,7 @@ from .models import (
     SearchHit,
     StoredMessage,
     Summary,
+    has_media,
     text_problem,
     validate_conversation_id,
     validate_text_argument,
@@ -1267,9 +1268,7 @@ def _exported_part(state: ConversationState) -> tuple[object, ...]:
 
 
 def _has_media(m: StoredMessage) -> bool:
-    """Whether ``m``'s content has parts other than text (an image, audio, a file)."""
-    parts = m.extra.get("content") if m.extra else None
-    return type(parts) is list and any(type(p) is dict and p.get("type") != "text" for p in parts)
+    return has_media(m.extra.get("content")) if m.extra else False
 
 
 def _media_recounted(

@@ -46,7 +46,7 @@ from langchain_core.messages.utils import convert_to_openai_messages
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 
 from ..errors import ConversationNotFoundError
-from ..models import CompressedContext
+from ..models import CompressedContext, has_media
 from ._common import (
     META_KEY,
     SYSTEM_KEY,
@@ -92,7 +92,7 @@ def _to_openai_one(message: BaseMessage) -> dict[str, Any] | None:
             return None  # an empty answer carries nothing to send back
     elif isinstance(message, ToolMessage):
         parts = converted.get("content")
-        if isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") != "text" for p in parts):
+        if has_media(parts):
             return converted  # an image (or other media) with no text is a result all the same
         content, meta = tool_result(text_of(parts), None)
         if meta:

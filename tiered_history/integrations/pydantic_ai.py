@@ -69,6 +69,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 
+from ..models import has_media
 from ._common import (
     META_KEY,
     SYSTEM_KEY,
@@ -155,8 +156,7 @@ def _request_parts(
                 continue
         elif isinstance(part, UserPromptPart):
             content = _user_content(part.content)
-            media = isinstance(content, list) and any(p["type"] != "text" for p in content)
-            if text_of(content).strip() or media:  # an empty prompt is nothing to remember
+            if text_of(content).strip() or has_media(content):  # an empty prompt is nothing to remember
                 message = {"role": "user", "content": content, "timestamp": part.timestamp}
         elif isinstance(part, ToolReturnPart):
             # Files a tool returned go in a user message after the results ("See file <id>." in the
