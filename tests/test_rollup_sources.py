@@ -52,8 +52,11 @@ class Recording:
             *,
             vocabulary: Any = None,
             sources: Sequence[Sequence[SummaryInput] | None] | None = None,
+            **more: Any,
         ) -> SummaryResult:
-            result = await original(summarizer, pieces, target_tokens, vocabulary=vocabulary, sources=sources)
+            result = await original(
+                summarizer, pieces, target_tokens, vocabulary=vocabulary, sources=sources, **more
+            )
             seqs = None if sources is None else [[m.sequence for m in s] if s else None for s in sources]
             self.merges.append((list(pieces), seqs, result.text))
             return result

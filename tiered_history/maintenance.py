@@ -12,7 +12,7 @@ import asyncio
 import logging
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -181,12 +181,15 @@ class Maintenance:
             report.sealed += sealed
             plan = self.plan(state)
             topics = await self.store.read_summaries(cid, "topic", state.topics_merged_upto)
-            for topic in transitions.due_topics(topics, now, self.max_attempts):
+            due = transitions.due_topics(topics, now, self.max_attempts)
+            archives = await self.store.read_summaries(cid, "bulk") if due else []
+            for topic in due:
                 await self._renew(cid)
                 messages = await self.store.read_messages(cid, topic.first_sequence, topic.last_sequence)
                 unpinned = [m for m in messages if not m.pinned]
                 target = topic_target(plan, sum(m.full_token_count for m in unpinned))
-                write = await self.pipeline.summarize_topic(topic, unpinned, now, target)
+                earlier = transitions.earlier_texts(topic.first_sequence, archives, topics)
+                write = await self.pipeline.summarize_topic(topic, unpinned, now, target, earlier)
                 write = self.pipeline.in_encoding(write, state.encoding, topic.started_at, topic.ended_at)
                 state, saved = await self._commit(
                     cid, state, _planned(transitions.record_summary, topic, write, now)
@@ -194,6 +197,9 @@ class Maintenance:
                 if saved:
                     report.summarized += 1
                     report.provisional += write.status == "provisional"
+                    # The next topic's summary is told what this one says.
+                    said = replace(topic, content=write.content, status="final")
+                    topics = [said if t.id == topic.id else t for t in topics]
             # Read the active summaries once; each merge removes its group (a backlog stays linear).
             active = transitions.active_topics(
                 await self.store.read_summaries(cid, "topic", state.topics_merged_upto)
@@ -276,7 +282,10 @@ class Maintenance:
                 sources = await self._sources(
                     cid, group, min(ROLLUP_SOURCE_TOKENS, ROLLUP_SOURCE_RATIO * target)
                 )
-            write = await self.pipeline.merge(group, target, sources)
+            # The archives before it (a roll-up takes the oldest: usually none).
+            older = active if rollup else await self.store.read_summaries(cid, "bulk")
+            earlier = transitions.earlier_texts(group[0].first_sequence, older)
+            write = await self.pipeline.merge(group, target, sources, earlier)
             write = self.pipeline.in_encoding(
                 write, state.encoding, min(x.started_at for x in group), max(x.ended_at for x in group)
             )

@@ -71,10 +71,17 @@ class CountingSummarizer:
         self.inner = ExtractiveSummarizer(counter)
         self.cost = Cost()
 
-    async def summarize(self, messages: Sequence[SummaryInput], target_tokens: int) -> SummaryResult:
+    #: As the library's own: told what the summaries before this one say (``earlier=``), where
+    #: the library has that (an LLM would read those texts too: they are not counted as input).
+    reads_earlier = getattr(ExtractiveSummarizer, "reads_earlier", False)
+
+    async def summarize(
+        self, messages: Sequence[SummaryInput], target_tokens: int, *, earlier: Sequence[str] = ()
+    ) -> SummaryResult:
         started = time.perf_counter()
         transcript = _transcript(messages)
-        result = await self.inner.summarize(messages, target_tokens)
+        more = {"earlier": earlier} if earlier else {}
+        result = await self.inner.summarize(messages, target_tokens, **more)
         self.cost.calls += 1
         self.cost.input_tokens += self.counter.count(transcript)
         self.cost.output_tokens += self.counter.count(result.text)
@@ -90,9 +97,11 @@ class CountingSummarizer:
         target_tokens: int,
         *,
         sources: Sequence[Sequence[SummaryInput] | None] | None = None,
+        earlier: Sequence[str] = (),
     ) -> SummaryResult:
         started = time.perf_counter()
-        result = await self.inner.merge(pieces, target_tokens, sources=sources)
+        more = {"earlier": earlier} if earlier else {}
+        result = await self.inner.merge(pieces, target_tokens, sources=sources, **more)
         self.cost.calls += 1
         self.cost.merge_calls += 1
         texts = [

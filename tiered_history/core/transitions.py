@@ -707,6 +707,20 @@ def active_archives(archives: Sequence[Summary]) -> list[Summary]:
     return sorted(live, key=lambda a: a.first_sequence)
 
 
+def earlier_texts(first_sequence: int, *summaries: Sequence[Summary]) -> list[str]:
+    """What the context says before ``first_sequence``: the texts of the live summaries and
+    archives among ``summaries`` that end before it, in timeline order. A summariser told them
+    spends its room on what they do not say (each summary is otherwise chosen on its own, and
+    keeps a conversation's recurring words again)."""
+    before = [
+        x
+        for group in summaries
+        for x in (active_archives(group) if group and group[0].tier != "topic" else active_topics(group))
+        if x.last_sequence < first_sequence and x.content
+    ]
+    return [x.content for x in sorted(before, key=lambda x: x.first_sequence)]
+
+
 def record_summary(state: ConversationState, topic: Summary, write: SummaryWrite, now: datetime) -> Writes:
     """Save ``write`` as ``topic``'s summary, once (the row must still be as it was read)."""
     update = SummaryUpdate(

@@ -54,7 +54,10 @@ class Summarizer(Protocol):
     Implementations must not mutate their inputs and should raise (any exception)
     on failure: the engine then falls back to the extractive summariser. One that sets
     ``reads_sources = True`` is given, for a roll-up, the messages each archive stands for as
-    well: ``merge(pieces, target_tokens, sources=...)`` (one list per piece, or ``None``).
+    well: ``merge(pieces, target_tokens, sources=...)`` (one list per piece, or ``None``). One that
+    sets ``reads_earlier = True`` is given the texts of the summaries and archives the context
+    shows before the one asked for: ``summarize(..., earlier=[...])``, ``merge(..., earlier=[...])``
+    (what they say need not be said again).
     """
 
     name: str

@@ -147,9 +147,18 @@ class SummaryPipeline:
     # -- topics ----------------------------------------------------------------------------------
 
     async def summarize_topic(
-        self, topic: Summary, messages: Sequence[StoredMessage], now: datetime, target: int | None = None
+        self,
+        topic: Summary,
+        messages: Sequence[StoredMessage],
+        now: datetime,
+        target: int | None = None,
+        earlier: Sequence[str] = (),
     ) -> SummaryWrite:
-        """The summary of a sealed topic from its (unpinned) messages, in about ``target`` tokens."""
+        """The summary of a sealed topic from its (unpinned) messages, in about ``target`` tokens.
+
+        ``earlier``: the texts of the summaries and archives before it, handed to a summariser
+        that reads them (``reads_earlier = True``, as the offline one does) so that it need not
+        say again what they say."""
         lim = self.limits
         span = (topic.first_sequence, topic.last_sequence, topic.started_at, topic.ended_at)
         if not messages:  # only pinned messages: they are always sent verbatim anyway
@@ -168,7 +177,7 @@ class SummaryPipeline:
             result: Any = None
             with spend_ledger() as spent:
                 try:
-                    result = await self._call(self.summarizer.summarize(inputs, cap))
+                    result = await self._call(_summarize(self.summarizer, inputs, cap, earlier))
                     error = self.acceptable(result.text, cap)
                     if error is None:
                         write = self.write(
@@ -200,7 +209,7 @@ class SummaryPipeline:
                 last_error=error,
             )
             return charged(retry, spent)
-        fb = await self.fallback.summarize(inputs, cap)
+        fb = await _summarize(self.fallback, inputs, cap, earlier)
         provisional = error is not None
         first_retry: datetime | None = None
         if provisional:
@@ -217,11 +226,13 @@ class SummaryPipeline:
         items: Sequence[Summary],
         target: int | None = None,
         sources: Sequence[Sequence[StoredMessage] | None] | None = None,
+        earlier: Sequence[str] = (),
     ) -> SummaryWrite:
         """One archive from consecutive summaries (or archives), oldest first, in about ``target`` tokens.
 
         ``sources``: the messages each item stands for, where read (see :attr:`reads_sources`);
         the offline summariser then chooses from them instead of from the items' texts.
+        ``earlier``: the texts of the archives before it (see :meth:`summarize_topic`).
         """
         pieces = [
             SummaryPiece(t.content, t.first_sequence, t.last_sequence, t.started_at, t.ended_at)
@@ -247,7 +258,7 @@ class SummaryPipeline:
             result: Any = None
             with spend_ledger() as spent:
                 try:
-                    result = await self._call(_merge(self.summarizer, pieces, target, inputs))
+                    result = await self._call(_merge(self.summarizer, pieces, target, inputs, earlier))
                     error = self.acceptable(result.text, target)
                     if error is None and self.counter.count(result.text) >= source:
                         error = "archive is not smaller than the summaries it merges"
@@ -260,7 +271,7 @@ class SummaryPipeline:
                     error = describe(exc)
             spent = spend_of(spent, result)
             log.warning("summariser merge failed for %s: %s", items[0].conversation_id, error)
-        fb = await _merge(self.fallback, pieces, target, inputs)
+        fb = await _merge(self.fallback, pieces, target, inputs, earlier)
         return self.write("bulk", fb.text, "final", span, result=fb, error=error, spent=spent)
 
 
@@ -296,16 +307,34 @@ def reads_sources(summarizer: object) -> bool:
     return bool(getattr(summarizer, "reads_sources", False))
 
 
+def reads_earlier(summarizer: object) -> bool:
+    """Whether ``summarizer`` takes ``earlier=`` (it says so: ``reads_earlier = True``)."""
+    return bool(getattr(summarizer, "reads_earlier", False))
+
+
+def _summarize(
+    summarizer: Summarizer, inputs: Sequence[SummaryInput], target: int, earlier: Sequence[str]
+) -> Awaitable[SummaryResult]:
+    """``summarizer.summarize``, handed ``earlier`` only when it takes it."""
+    if earlier and reads_earlier(summarizer):
+        return summarizer.summarize(inputs, target, earlier=earlier)  # type: ignore[call-arg]
+    return summarizer.summarize(inputs, target)
+
+
 def _merge(
     summarizer: Summarizer,
     pieces: Sequence[SummaryPiece],
     target: int,
     inputs: Sequence[Sequence[SummaryInput] | None] | None,
+    earlier: Sequence[str] = (),
 ) -> Awaitable[SummaryResult]:
-    """``summarizer.merge``, handed the ``inputs`` only when it takes them."""
+    """``summarizer.merge``, handed the ``inputs`` and ``earlier`` only when it takes them."""
+    more: dict[str, Any] = {}
     if inputs is not None and reads_sources(summarizer):
-        return summarizer.merge(pieces, target, sources=inputs)  # type: ignore[call-arg]
-    return summarizer.merge(pieces, target)
+        more["sources"] = inputs
+    if earlier and reads_earlier(summarizer):
+        more["earlier"] = earlier
+    return summarizer.merge(pieces, target, **more)
 
 
 def describe(exc: BaseException) -> str:
