@@ -2,9 +2,8 @@
 
 Each topic summary and archive was chosen on its own, so a conversation's recurring words were kept
 again in each (on QMSum, 46 % of the content words of the summary blocks repeated another). The
-offline summariser is now told what the summaries before it say (``earlier=``) and what the
-pieces of a merge before each one kept, and spends its room on the rest: QMSum val, static
-retention at 4k, recall off, 73.5 -> 76.3 (docs/benchmarks.md).
+offline summariser is now told what the summaries before it say (``earlier=``) and spends its
+room on the rest (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -58,23 +57,6 @@ async def test_a_merge_leaves_out_what_older_archives_say() -> None:
     told = (await summarizer.merge(pieces, 40, earlier=[KNOWN])).text
     assert "festival budget" in alone and "softer music" not in alone and "kiosk" in alone
     assert "softer music" in told and "festival budget" not in told and "kiosk" in told
-
-
-async def test_each_piece_of_a_merge_says_what_the_pieces_before_it_did_not() -> None:
-    # The second piece stands for many messages (most of the room is its), restates the first in a
-    # word-rich sentence and adds a short fact of its own: its room goes to the fact.
-    restated = "Copper lanterns, granite steps, violet banners and saffron flags for the harbour festival."
-    first = inputs(KNOWN, "Right.", "Okay, thanks.")
-    second = inputs(
-        restated, "The stage music could be softer.", *["Okay, thanks a lot, that sounds good."] * 10
-    )
-    pieces = [
-        SummaryPiece("User: " + " ".join(m.content for m in first), 1, 3, T0, T0),
-        SummaryPiece("User: " + " ".join(m.content for m in second), 4, 15, T0, T0),
-    ]
-    text = (await ExtractiveSummarizer().merge(pieces, 50, sources=[first, second])).text
-    assert "festival budget" in text and "stage music" in text, text
-    assert restated not in text, text
 
 
 def summary(id: int, tier: str, first: int, last: int, content: str, **kw: Any) -> Summary:

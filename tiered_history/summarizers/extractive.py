@@ -20,9 +20,8 @@ Pieces are chosen greedily by the information they add per token: content words 
 weighted by salience (how often the topic comes back to them) and rarity (in the tokenizer's
 training text, whose BPE ranks approximate word frequency, and in the conversation when its
 document frequencies are given), names, and facts (numbers, dates, links, identifiers), plus a
-bonus for decisions and requirements. Words the context already holds count for less: those of
-the summaries before this one (``earlier=``), and in a merge those the pieces before each piece
-kept. Filler and pieces too thin to tell anything are left out, room or not. Whatever the input,
+bonus for decisions and requirements. Words the summaries before this one already hold (``earlier=``)
+count for less. Filler and pieces too thin to tell anything are left out, room or not. Whatever the input,
 the result fits ``target_tokens`` and is strictly smaller than what it replaces.
 """
 
@@ -431,12 +430,6 @@ def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
     )
 
 
-def _spent(chosen: Sequence[_Unit]) -> int:
-    """Tokens ``chosen`` takes, as :meth:`ExtractiveSummarizer._greedy` estimates them."""
-    line_costs = {u.group: u.line_cost for u in chosen}
-    return sum(u.tokens + u.open_tail for u in chosen) + sum(line_costs.values())
-
-
 def _said(earlier: Sequence[str]) -> frozenset[str]:
     """The content words of ``earlier`` texts, as :func:`_relevance` weighs them."""
     return frozenset(w for text in earlier for w in _content_words(_lower_words(text)))
@@ -639,12 +632,8 @@ class ExtractiveSummarizer:
             share = reserve[block] + spare * weights[block] // sum(weights)
             # A share too small for a clause gives no line: a few words of every piece would be
             # word soup; the room goes to whole lines from the other pieces instead.
-            spent = _spent(chosen)
-            more = self._greedy(block_units, spent + share, chosen, used=spent)
-            chosen = (
-                more
-                if len(more) > len(chosen)
-                else chosen + self._best_head(block_units, share, MIN_CLAUSE_WORDS)
+            chosen += self._greedy(block_units, share, []) or self._best_head(
+                block_units, share, MIN_CLAUSE_WORDS
             )
         # Whatever a piece left unused goes to the best remaining lines anywhere.
         return self._greedy(units, budget, chosen) or self._best_head(units, budget)
