@@ -389,17 +389,20 @@ _MESSAGES = st.lists(
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(messages=_MESSAGES, target=st.integers(20, 400))
-def test_summary_always_fits_target_and_never_inflates(messages: list[SummaryInput], target: int) -> None:
+@given(messages=_MESSAGES, target=st.integers(20, 400), earlier=st.lists(_TEXT, max_size=3))
+def test_summary_always_fits_target_and_never_inflates(
+    messages: list[SummaryInput], target: int, earlier: list[str]
+) -> None:
+    # Whatever the summaries before it say (earlier=): it changes what is chosen, never the bounds.
     summarizer = ExtractiveSummarizer(COUNTER)
-    text = asyncio.run(summarizer.summarize(messages, target)).text
+    text = asyncio.run(summarizer.summarize(messages, target, earlier=earlier)).text
     tokens = COUNTER.count(text)
     source = source_tokens(messages)
     assert tokens <= target
     if source >= 2:
         assert tokens < source
     assert_no_invented_words(text, [m.content for m in messages], prefixes_of(messages))
-    assert asyncio.run(summarizer.summarize(messages, target)).text == text
+    assert asyncio.run(summarizer.summarize(messages, target, earlier=earlier)).text == text
 
 
 _TRICKY = "abc XYZ 123 .!?。！？\n\r\t\x85\u2028\u200b\u0301é漢字😅`_/:-,'\"()[]#*…\ufffd\x0b\x1c     "
