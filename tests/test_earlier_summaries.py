@@ -150,7 +150,10 @@ async def feed(hc: HistoryCompressor, topics: int) -> None:
 
 async def test_maintenance_tells_each_summary_and_archive_what_the_live_ones_before_it_say() -> None:
     told = Told()
-    async with HistoryCompressor.from_url("memory://", context_budget=400, summarizer=told) as hc:
+    # Contexts laid out for the cache (cache_min_tokens and up) show every summary before the window.
+    async with HistoryCompressor.from_url(
+        "memory://", context_budget=400, cache_min_tokens=400, summarizer=told
+    ) as hc:
         await feed(hc, 12)
         history = await hc.get_history(CID)
     assert len(told.topics) == 12 and told.merges
@@ -167,9 +170,21 @@ async def test_maintenance_tells_each_summary_and_archive_what_the_live_ones_bef
         assert all(t not in earlier for (f, _), t in texts.items() if f >= first)
 
 
+async def test_below_cache_min_tokens_no_summary_is_told_what_others_say() -> None:
+    # There a context shows the summaries that best match the newest message, not all those
+    # before the window: a word left out because an earlier summary has it could be left out of it.
+    told = Told()
+    async with HistoryCompressor.from_url("memory://", context_budget=400, summarizer=told) as hc:
+        await feed(hc, 12)
+    assert len(told.topics) == 12 and told.merges
+    assert all(earlier == [] for _, earlier in (*told.topics, *told.merges))
+
+
 async def test_a_summariser_that_does_not_say_it_reads_them_is_never_handed_earlier_texts() -> None:
     untold = Untold()
-    async with HistoryCompressor.from_url("memory://", context_budget=400, summarizer=untold) as hc:
+    async with HistoryCompressor.from_url(
+        "memory://", context_budget=400, cache_min_tokens=400, summarizer=untold
+    ) as hc:
         await feed(hc, 12)
         history = await hc.get_history(CID)
     assert len(untold.topics) == 12 and untold.merges

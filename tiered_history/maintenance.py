@@ -182,13 +182,16 @@ class Maintenance:
             plan = self.plan(state)
             topics = await self.store.read_summaries(cid, "topic", state.topics_merged_upto)
             due = transitions.due_topics(topics, now, self.max_attempts)
-            archives = await self.store.read_summaries(cid, "bulk") if due else []
+            # What the summaries before each say, where contexts show them all beside it.
+            archives = await self.store.read_summaries(cid, "bulk") if due and plan.timeline else []
             for topic in due:
                 await self._renew(cid)
                 messages = await self.store.read_messages(cid, topic.first_sequence, topic.last_sequence)
                 unpinned = [m for m in messages if not m.pinned]
                 target = topic_target(plan, sum(m.full_token_count for m in unpinned))
-                earlier = transitions.earlier_texts(topic.first_sequence, archives, topics)
+                earlier = (
+                    transitions.earlier_texts(topic.first_sequence, archives, topics) if plan.timeline else []
+                )
                 write = await self.pipeline.summarize_topic(topic, unpinned, now, target, earlier)
                 write = self.pipeline.in_encoding(write, state.encoding, topic.started_at, topic.ended_at)
                 state, saved = await self._commit(
@@ -211,11 +214,13 @@ class Maintenance:
                 active, state.open.tokens, plan.window_share, mark.start if mark is not None else None
             )
             report.merged += await self._merge(
-                cid, state, active, plan.topic_share, plan.bulk_target, now, plan.bulk_share
+                cid, state, active, plan.topic_share, plan.bulk_target, now, plan.bulk_share, plan.timeline
             )
             state = await self.store.state(cid) or state
             archives = transitions.active_archives(await self.store.read_summaries(cid, "bulk"))
-            report.rolled_up += await self._merge(cid, state, archives, plan.bulk_share, plan.bulk_share, now)
+            report.rolled_up += await self._merge(
+                cid, state, archives, plan.bulk_share, plan.bulk_share, now, timeline=plan.timeline
+            )
             state = await self.store.state(cid) or state
             topics = await self.store.read_summaries(cid, "topic", state.topics_merged_upto)
             retry_at = transitions.next_retry(topics, self.max_attempts)
@@ -256,10 +261,12 @@ class Maintenance:
         target: int,
         now: datetime,
         bulk_share: int = 0,
+        timeline: bool = True,
     ) -> int:
         """Merge the oldest summaries (topics into an archive, or archives into a coarser one) while
         they exceed ``share``; returns how many merges were saved. A merge of many topics is split
-        into as many archives as the archives' room (``bulk_share``) has left at ``target``."""
+        into as many archives as the archives' room (``bulk_share``) has left at ``target``.
+        ``timeline``: contexts show every archive before it (the summariser is told what they say)."""
         rollup = bool(active) and active[0].tier != "topic"
         items = [escalation.Item(t.id, t.token_count) for t in active]
         by_id = {t.id: t for t in active}
@@ -283,8 +290,10 @@ class Maintenance:
                     cid, group, min(ROLLUP_SOURCE_TOKENS, ROLLUP_SOURCE_RATIO * target)
                 )
             # The archives before it (a roll-up takes the oldest: usually none).
-            older = active if rollup else await self.store.read_summaries(cid, "bulk")
-            earlier = transitions.earlier_texts(group[0].first_sequence, older)
+            earlier: list[str] = []
+            if timeline:
+                older = active if rollup else await self.store.read_summaries(cid, "bulk")
+                earlier = transitions.earlier_texts(group[0].first_sequence, older)
             write = await self.pipeline.merge(group, target, sources, earlier)
             write = self.pipeline.in_encoding(
                 write, state.encoding, min(x.started_at for x in group), max(x.ended_at for x in group)

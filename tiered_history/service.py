@@ -328,6 +328,8 @@ class ReplyPath:
             # archives hold that room, topic summaries are the parts of an archive, shown in its
             # place when there is room (a target sized by the room left would be the floor).
             plan = replace(plan, topic_target=self._plan(budget, self.shares).topic_target)
+        if budget < self.shares.cache_min:
+            plan = replace(plan, timeline=False)
         return plan
 
     def _plan(self, budget: int, shares: Shares) -> EscalationBudget:

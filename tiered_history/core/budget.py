@@ -97,6 +97,10 @@ class EscalationBudget:
     bulk_target: int
     window_share: int = 0
     """Tokens of the verbatim window's share (the current topic's)."""
+    timeline: bool = True
+    """Contexts show the summaries and archives in timeline order, all of those before the window
+    (laid out for the cache): a summary need not say again what the ones before it say. Below
+    ``cache_min_tokens`` a context shows those that best match the newest message instead."""
 
 
 def escalation_budget(
