@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from tiered_history.core.assembly import Recalled, Rows, Shares, _Block, _recall, assemble, group_units
+from tiered_history.core.assembly import (
+    Recalled,
+    Rows,
+    Shares,
+    _Block,
+    _line,
+    _recall,
+    assemble,
+    group_units,
+)
 from tiered_history.core.render import NOTE_SPANS, recall_note
 from tiered_history.core.state import WindowMark
 from tiered_history.models import CompressedContext, StoredMessage, Summary
@@ -412,3 +421,27 @@ def test_the_recall_note_names_each_stretch_recalled() -> None:
     many = [(10 * k, 10 * k + 2) for k in range(1, NOTE_SPANS + 2)]
     expected = f"({NOTE_SPANS + 1} excerpts of messages 10–{10 * (NOTE_SPANS + 1) + 2}; "
     assert expected in recall_note(many, day, day)
+
+
+def test_recall_is_never_empty_while_a_match_fits_in_its_room() -> None:
+    """Picks are made against an estimate of the note; a pick that does not fit once the note is
+    measured goes, and the room is chosen again without it. It once went with nothing in its
+    place: a chat's context had nothing recalled at one room and 14 messages at a smaller one."""
+    msgs = [message(i, filler(i)) for i in range(1, 31)]
+    window = [message(31, "Which van leaves for which depot?")]
+    # A long summary, best match: its dated line makes the note longer than the estimate.
+    text = " ".join(f"Van {i} leaves for depot {i} at {i} am." for i in range(1, 30))
+    long_topic = replace(summary(100, 1, 10, text), ended_at=T0 + timedelta(days=60))
+    # Its cost as stored: its dated line (what the note carries), as the summary pipeline counts it.
+    long_topic = replace(long_topic, token_count=COUNTER.count(_line(long_topic)) + 1)
+    candidates = [Recalled(10.0, summary=long_topic), Recalled(5.0, messages=(msgs[14],))]
+    rows = Rows(pinned=[], recent=[*msgs, *window], end_position=0, topics=[], recall=candidates)
+    _, _, alone = _recall(
+        replace(rows, recall=candidates[1:]), window, _Block("topic"), _Block("bulk"), 2000, measure
+    )
+    # The small match with its note, and the margin the picks allow the note's estimate.
+    small = alone + msgs[14].token_count + 16
+    for room in range(small, long_topic.token_count + 200):
+        picked, _, tokens = _recall(rows, window, _Block("topic"), _Block("bulk"), room, measure)
+        assert picked, room
+        assert tokens + sum(m.token_count for c in picked for m in c.messages) <= room

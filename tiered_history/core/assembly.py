@@ -890,13 +890,10 @@ def _recall(
         return [], "", 0
     start = window[0].sequence if window else 1 << 62
     shown = {s.id for s in topics.items} | {s.id for s in archives.items}
-    picked: list[Recalled] = []
-    spent = 0
     sample = datetime(2000, 1, 1, tzinfo=UTC)  # any date: the note's length hardly depends on it
     # A one-span note: one naming more spans is measured at the end, where the weakest pick goes if
     # it then does not fit (allowing for the longest note here cost query retention at 1k 0.6 points).
     note_estimate = measure(recall_note([(1, start)], sample, sample)) + 8
-    taken: set[int] = set()  # sequences already recalled (a call and its result both match)
     # What may be recalled at all, best first, with its cost: not in the context already (a summary
     # shown, a message in the window), no pinned message (those are sent first anyway).
     eligible: list[tuple[Recalled, int]] = []
@@ -909,8 +906,43 @@ def _recall(
             cand.messages and cand.messages[-1].sequence < start and not any(m.pinned for m in cand.messages)
         ):
             eligible.append((cand, _cost(cand.messages)))
+    # The picks are made against an estimate of the note; measured exactly, the weakest pick goes
+    # and the rest of the room is chosen again without it (so more room never recalls less).
+    dropped: set[int] = set()
+    while True:
+        chosen = _pick(eligible, dropped, room, note_estimate, rows.query, measure)
+        if not chosen:
+            return [], "", 0
+        picked = sorted((c for _, c in chosen), key=lambda c: (c.first, c.last))
+        # The note names what was recalled and carries the recalled summaries as dated lines.
+        times = [m.timestamp for c in picked for m in c.messages] + [
+            t for c in picked if c.summary is not None for t in (c.summary.started_at, c.summary.ended_at)
+        ]
+        lines = [_line(c.summary) for c in picked if c.summary is not None]
+        spans = [(c.first, c.last) for c in picked]
+        note = "\n".join([recall_note(spans, min(times), max(times)), *lines])
+        note_tokens = measure(note)
+        total = note_tokens + sum(_cost(c.messages) for c in picked)
+        if total <= room:
+            return picked, note, note_tokens
+        dropped.add(min(chosen, key=lambda kc: kc[1].score)[0])
+
+
+def _pick(
+    eligible: Sequence[tuple[Recalled, int]],
+    dropped: set[int],
+    room: int,
+    note_estimate: int,
+    query: str,
+    measure: Measure,
+) -> list[tuple[int, Recalled]]:
+    """Recall's picks from ``eligible`` (best first, with their costs) but the ``dropped`` ones,
+    within ``room`` less ``note_estimate``, each with its index in ``eligible``."""
+    picked: list[tuple[int, Recalled]] = []
+    spent = 0
+    taken: set[int] = set()  # sequences already recalled (a call and its result both match)
     spans: list[tuple[int, int]] = []
-    done = [False] * len(eligible)
+    done = [k in dropped for k in range(len(eligible))]
     # First what adds something new; then, in room still left, what repeats part of a pick (a
     # message of a recalled summary's topic keeps details the summary left out).
     terms: frozenset[str] | None = None
@@ -933,34 +965,18 @@ def _recall(
                 continue
             if not whole:
                 if terms is None:
-                    terms = recall_terms(rows.query)
+                    terms = recall_terms(query)
                 tries -= 1
                 cut = _excerpt(cand.messages[0], terms, free, measure)
                 if cut is None:
                     continue
                 cand, cost = replace(cand, messages=(cut,)), cut.token_count
             done[k] = True
-            picked.append(cand)
+            picked.append((k, cand))
             spans.append((cand.first, cand.last))
             taken.update(m.sequence for m in cand.messages)
             spent += cost
-    if not picked:
-        return [], "", 0
-    picked.sort(key=lambda c: (c.first, c.last))
-    # The note names what was recalled and carries the recalled summaries as dated lines.
-    while picked:
-        times = [m.timestamp for c in picked for m in c.messages] + [
-            t for c in picked if c.summary is not None for t in (c.summary.started_at, c.summary.ended_at)
-        ]
-        lines = [_line(c.summary) for c in picked if c.summary is not None]
-        spans = [(c.first, c.last) for c in picked]
-        note = "\n".join([recall_note(spans, min(times), max(times)), *lines])
-        note_tokens = measure(note)
-        total = note_tokens + sum(_cost(c.messages) for c in picked)
-        if total <= room:
-            return picked, note, note_tokens
-        picked.remove(min(picked, key=lambda c: c.score))  # the estimate was short: the weakest goes
-    return [], "", 0
+    return picked
 
 
 #: A matching message too long for the room recall has left is recalled as its sentences that
