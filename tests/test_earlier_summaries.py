@@ -17,9 +17,11 @@ from tiered_history.core.transitions import earlier_texts
 from tiered_history.models import Summary
 from tiered_history.summarizers.base import SummaryInput, SummaryPiece, SummaryResult
 from tiered_history.summarizers.extractive import ExtractiveSummarizer
+from tiered_history.tokens import TokenCounter
 
 T0 = datetime(2026, 2, 9, 9, 0, tzinfo=UTC)
 CID = "c"
+COUNTER = TokenCounter()
 
 
 def inputs(*texts: str, start: int = 1) -> list[SummaryInput]:
@@ -168,6 +170,38 @@ async def test_maintenance_tells_each_summary_and_archive_what_the_live_ones_bef
     assert any(earlier for _, earlier in later)  # an archive after the first is told the older ones
     for first, earlier in told.merges:
         assert all(t not in earlier for (f, _), t in texts.items() if f >= first)
+
+
+def test_earlier_texts_are_the_nearest_ones_the_limit_holds() -> None:
+    topics = [summary(i, "topic", 10 * i, 10 * i + 9, f"t{i} " + "word " * 9) for i in range(1, 6)]
+    # Each costs 10 (a word a token here): the nearest two fit 25, in timeline order.
+    assert earlier_texts(100, topics, limit=25) == [topics[3].content, topics[4].content]
+    assert earlier_texts(100, topics, limit=5) == []
+    assert len(earlier_texts(100, topics)) == 5
+
+
+async def test_a_backlog_summarised_in_one_pass_tells_each_summary_only_what_the_tiers_hold() -> None:
+    # Thirty topics sealed before maintenance runs: the thirtieth is not handed the 29 before it,
+    # which the tiers could never show beside it (work that grew with the square of the backlog).
+    told = Told()
+    async with HistoryCompressor.from_url(
+        "memory://", context_budget=400, cache_min_tokens=400, summarizer=told
+    ) as hc:
+        n = 0
+        for t in range(30):
+            for k in range(4):
+                n += 1
+                text = f"Topic {t} item {k}: the crew loads {k + 3} crates of cargo{t} today."
+                at = T0 + timedelta(minutes=n)
+                await hc.add_message(CID, Message(role="user", content=text, timestamp=at))
+            await hc.seal_current_topic(CID)
+        await hc.maintain(CID, now=T0 + timedelta(minutes=n + 1))
+        plan = hc.reply.plan_at(400)
+    assert len(told.topics) == 30
+    room = plan.topic_share + plan.bulk_share
+    assert max(len(earlier) for _, earlier in told.topics) > 1
+    for _, earlier in told.topics:
+        assert sum(COUNTER.count(t) for t in earlier) <= room
 
 
 async def test_below_cache_min_tokens_no_summary_is_told_what_others_say() -> None:

@@ -184,13 +184,16 @@ class Maintenance:
             due = transitions.due_topics(topics, now, self.max_attempts)
             # What the summaries before each say, where contexts show them all beside it.
             archives = await self.store.read_summaries(cid, "bulk") if due and plan.timeline else []
+            shown = plan.topic_share + plan.bulk_share  # what the tiers can show before a topic
             for topic in due:
                 await self._renew(cid)
                 messages = await self.store.read_messages(cid, topic.first_sequence, topic.last_sequence)
                 unpinned = [m for m in messages if not m.pinned]
                 target = topic_target(plan, sum(m.full_token_count for m in unpinned))
                 earlier = (
-                    transitions.earlier_texts(topic.first_sequence, archives, topics) if plan.timeline else []
+                    transitions.earlier_texts(topic.first_sequence, archives, topics, limit=shown)
+                    if plan.timeline
+                    else []
                 )
                 write = await self.pipeline.summarize_topic(topic, unpinned, now, target, earlier)
                 write = self.pipeline.in_encoding(write, state.encoding, topic.started_at, topic.ended_at)
@@ -201,7 +204,9 @@ class Maintenance:
                     report.summarized += 1
                     report.provisional += write.status == "provisional"
                     # The next topic's summary is told what this one says.
-                    said = replace(topic, content=write.content, status="final")
+                    said = replace(
+                        topic, content=write.content, token_count=write.token_count, status="final"
+                    )
                     topics = [said if t.id == topic.id else t for t in topics]
             # Read the active summaries once; each merge removes its group (a backlog stays linear).
             active = transitions.active_topics(
@@ -293,7 +298,7 @@ class Maintenance:
             earlier: list[str] = []
             if timeline:
                 older = active if rollup else await self.store.read_summaries(cid, "bulk")
-                earlier = transitions.earlier_texts(group[0].first_sequence, older)
+                earlier = transitions.earlier_texts(group[0].first_sequence, older, limit=share + bulk_share)
             write = await self.pipeline.merge(group, target, sources, earlier)
             write = self.pipeline.in_encoding(
                 write, state.encoding, min(x.started_at for x in group), max(x.ended_at for x in group)

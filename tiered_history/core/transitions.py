@@ -707,18 +707,31 @@ def active_archives(archives: Sequence[Summary]) -> list[Summary]:
     return sorted(live, key=lambda a: a.first_sequence)
 
 
-def earlier_texts(first_sequence: int, *summaries: Sequence[Summary]) -> list[str]:
+def earlier_texts(first_sequence: int, *summaries: Sequence[Summary], limit: int | None = None) -> list[str]:
     """What the context says before ``first_sequence``: the texts of the live summaries and
-    archives among ``summaries`` that end before it, in timeline order. A summariser told them
-    spends its room on what they do not say (each summary is otherwise chosen on its own, and
-    keeps a conversation's recurring words again)."""
-    before = [
-        x
-        for group in summaries
-        for x in (active_archives(group) if group and group[0].tier != "topic" else active_topics(group))
-        if x.last_sequence < first_sequence and x.content
-    ]
-    return [x.content for x in sorted(before, key=lambda x: x.first_sequence)]
+    archives among ``summaries`` that end before it, in timeline order; the nearest ones only, as
+    many as ``limit`` tokens hold (what the tiers can show: a backlog of topics summarised in one
+    pass would otherwise hand each summary all those before it). A summariser told them spends its
+    room on what they do not say (each summary is otherwise chosen on its own, and keeps a
+    conversation's recurring words again)."""
+    before = sorted(
+        (
+            x
+            for group in summaries
+            for x in (active_archives(group) if group and group[0].tier != "topic" else active_topics(group))
+            if x.last_sequence < first_sequence and x.content
+        ),
+        key=lambda x: x.first_sequence,
+    )
+    if limit is not None:
+        kept, total = 0, 0
+        for x in reversed(before):
+            total += x.token_count
+            if total > limit:
+                break
+            kept += 1
+        before = before[len(before) - kept :]
+    return [x.content for x in before]
 
 
 def record_summary(state: ConversationState, topic: Summary, write: SummaryWrite, now: datetime) -> Writes:

@@ -430,9 +430,23 @@ def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
     )
 
 
+_SAID_CACHE: dict[str, frozenset[str]] = {}
+_SAID_CACHE_SIZE = 4096
+
+
 def _said(earlier: Sequence[str]) -> frozenset[str]:
-    """The content words of ``earlier`` texts, as :func:`_relevance` weighs them."""
-    return frozenset(w for text in earlier for w in _content_words(_lower_words(text)))
+    """The content words of ``earlier`` texts, as :func:`_relevance` weighs them (each text's read
+    once: the same summaries are handed to every summary after them)."""
+    found: set[str] = set()
+    for text in earlier:
+        words = _SAID_CACHE.get(text)
+        if words is None:
+            words = frozenset(_content_words(_lower_words(text)))
+            if len(_SAID_CACHE) >= _SAID_CACHE_SIZE:
+                _SAID_CACHE.clear()  # a cache, not a leak: a long-lived worker meets endless texts
+            _SAID_CACHE[text] = words
+        found |= words
+    return frozenset(found)
 
 
 class ExtractiveSummarizer:
