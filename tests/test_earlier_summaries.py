@@ -138,7 +138,8 @@ class Untold(Told):
         return await self.inner.merge(pieces, target_tokens)
 
 
-async def feed(hc: HistoryCompressor, topics: int) -> None:
+async def feed(hc: HistoryCompressor, topics: int, *, maintain_each: bool = True) -> None:
+    """``topics`` sealed topics of four messages, maintained after each (or once, after the last)."""
     n = 0
     for t in range(topics):
         for k in range(4):
@@ -147,7 +148,8 @@ async def feed(hc: HistoryCompressor, topics: int) -> None:
             text = f"Topic {t} item {k}: the crew loads {k + 3} crates of {cargo} today."
             await hc.add_message(CID, Message(role="user", content=text, timestamp=T0 + timedelta(minutes=n)))
         await hc.seal_current_topic(CID)
-        await hc.maintain(CID, now=T0 + timedelta(minutes=n + 1))
+        if maintain_each or t == topics - 1:
+            await hc.maintain(CID, now=T0 + timedelta(minutes=n + 1))
 
 
 async def test_maintenance_tells_each_summary_and_archive_what_the_live_ones_before_it_say() -> None:
@@ -187,15 +189,7 @@ async def test_a_backlog_summarised_in_one_pass_tells_each_summary_only_what_the
     async with HistoryCompressor.from_url(
         "memory://", context_budget=400, cache_min_tokens=400, summarizer=told
     ) as hc:
-        n = 0
-        for t in range(30):
-            for k in range(4):
-                n += 1
-                text = f"Topic {t} item {k}: the crew loads {k + 3} crates of cargo{t} today."
-                at = T0 + timedelta(minutes=n)
-                await hc.add_message(CID, Message(role="user", content=text, timestamp=at))
-            await hc.seal_current_topic(CID)
-        await hc.maintain(CID, now=T0 + timedelta(minutes=n + 1))
+        await feed(hc, 30, maintain_each=False)
         plan = hc.reply.plan_at(400)
     assert len(told.topics) == 30
     room = plan.topic_share + plan.bulk_share
