@@ -37,6 +37,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from ..lru import Lru
 from ..tokens import TokenCounter
 from .base import SummaryInput, SummaryPiece, SummaryResult
 
@@ -430,21 +431,19 @@ def _repeats(unit: _Unit, chosen: Iterable[_Unit]) -> bool:
     )
 
 
-_SAID_CACHE: dict[str, frozenset[str]] = {}
-_SAID_CACHE_SIZE = 4096
+#: The content words of summary texts lately handed as ``earlier=``: the same summaries are handed
+#: to every summary after them.
+_SAID: Lru[frozenset[str]] = Lru(4096)
 
 
 def _said(earlier: Sequence[str]) -> frozenset[str]:
-    """The content words of ``earlier`` texts, as :func:`_relevance` weighs them (each text's read
-    once: the same summaries are handed to every summary after them)."""
+    """The content words of ``earlier`` texts, as :func:`_relevance` weighs them."""
     found: set[str] = set()
     for text in earlier:
-        words = _SAID_CACHE.get(text)
+        words = _SAID.get(text)
         if words is None:
             words = frozenset(_content_words(_lower_words(text)))
-            if len(_SAID_CACHE) >= _SAID_CACHE_SIZE:
-                _SAID_CACHE.clear()  # a cache, not a leak: a long-lived worker meets endless texts
-            _SAID_CACHE[text] = words
+            _SAID.put(text, words)
         found |= words
     return frozenset(found)
 
