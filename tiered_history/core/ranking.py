@@ -40,6 +40,21 @@ yourselves s t d ll m o re ve y ok okay yes yeah yep nope hi hello hey thanks th
 hmm mm mhm like well really also get got go going know think want need say said tell told see
 """
 STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+# Interjections, backchannels and laughter drawn out to any length ("mmm", "hmmm", "uhhh", "ooh",
+# "hahaha", "lol"): as rare as they are in a conversation's index, a query made of them matched
+# other "Mmm ." messages and sent them as recalled conversation. Two-letter forms are stopwords
+# above; "mm" alone stays there only, as "er" is left to mean something.
+_FILLER_RE = re.compile(
+    r"m{3,}|h+m+|m+h+m+|u+h{2,}|u+m{2,}|a+h{2,}|o+h{2,}|o{2,}h+|h+u+h+|e+r{2,}|e+r+m+|a+w{2,}"
+    r"|u+g+h+|s+h{2,}|y+a+y+|ye+a+h{2,}|yu+p+|o+k{2,}|o+k+a+y{2,}|k{2,}|a?(?:h+a+){2,}h*|(?:h+e+){2,}h*"
+    r"|l+o+l+(?:o+l+)*|l+m+f*a+o+"
+)
+
+
+def is_filler(word: str) -> bool:
+    """Whether ``word`` (lowercased) says nothing about what a message is about: a stopword or an
+    interjection, backchannel or laugh (see ``_FILLER_RE``)."""
+    return word in STOPWORDS or _FILLER_RE.fullmatch(word) is not None
 
 
 def words(text: str) -> list[str]:
@@ -100,12 +115,12 @@ def parse_query(text: str) -> Query:
 
 def recall_query(newest: str, context: Iterable[str] = (), context_weight: float = 0.35) -> Query:
     """The query a context recalls for: the newest user message's words, then (weighted less) the
-    recent words of the open topic. Stopwords and one-letter words are left out."""
+    recent words of the open topic. Stopwords, interjections and one-letter words are left out."""
     groups: list[tuple[str, ...]] = []
     weights: list[float] = []
     for text, weight in [(newest, 1.0)] + [(t, context_weight) for t in context]:
         for w in words(text):
-            if len(w) < 2 or w in STOPWORDS or (w,) in groups:
+            if len(w) < 2 or (w,) in groups or is_filler(w):
                 continue
             groups.append((w,))
             weights.append(weight)
