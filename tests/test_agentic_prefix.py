@@ -103,13 +103,6 @@ async def test_tool_loop_query_that_starts_recalling_keeps_the_previous_prefix(d
         assert after.to_messages()[: len(stable_part(before))] == stable_part(before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one WindowMark a conversation: a bot reading at 4,000 and 8,000 tokens in turn has the "
-    "window chosen afresh at every read (_choose: mark.budget != budget), the earliest start that "
-    "fits, which slides forward with every message: each 4,000-token read rewrites the prefix "
-    "without an event (and no seal point is recorded, so no size seal makes one)",
-)
 async def test_two_budgets_in_turn_keep_each_prefix(db_url: str) -> None:
     async with HistoryCompressor.from_url(db_url, context_budget=4000) as h:
         previous: CompressedContext | None = None

@@ -59,6 +59,43 @@ def test_the_lowered_rules_are_one_object_until_the_seal_point_moves() -> None:
     assert window_size_limit(_rules(), marked) == first
 
 
+def test_the_window_of_another_budget_read_in_turn_seals_where_it_stops_fitting_first() -> None:
+    state = replace(new_state(CID, None, "cl100k_base", T0), epoch=3, budget=8000)
+    big = WindowMark(1, 8000, 3, (), seal_at=900)
+    small = WindowMark(4, 4000, 3, (), seal_at=450)
+    both = replace(state, window=big, other_windows=(small,))
+    assert window_size_limit(_rules(), both).size_limit == 450
+    # Recorded before the last event: it no longer counts (its budget reads it afresh).
+    stale = replace(both, other_windows=(replace(small, epoch=2),))
+    assert window_size_limit(_rules(), stale).size_limit == 900
+
+
+def test_each_budget_keeps_its_own_mark_and_they_read_back() -> None:
+    state = replace(new_state(CID, None, "cl100k_base", T0), epoch=3, budget=4000)
+    small, big, third = (
+        WindowMark(s, b, 3, (s,), seal_at=s * 10) for s, b in ((4, 4000), (1, 8000), (9, 2500))
+    )
+    window, others = replace(state, window=small).with_mark(big, 8000)
+    assert (window, others) == (big, (small,))
+    read = replace(state, budget=8000, window=window, other_windows=others)
+    assert read.mark_for(4000) == small and read.mark_for(8000) == big and read.mark_for(2000) is None
+    # A third budget keeps the two newest others; reading one of them again takes it back out.
+    window, others = read.with_mark(third, 2500)
+    assert (window, others) == (third, (big, small))
+    three = replace(read, budget=2500, window=window, other_windows=others)
+    assert three.with_mark(replace(small, start=5), 4000) == (replace(small, start=5), (third, big))
+    parsed = type(three).from_row(
+        id=CID,
+        version=1,
+        platform=None,
+        encoding="cl100k_base",
+        created_at=T0,
+        updated_at=T0,
+        body=three.body(),
+    )
+    assert (parsed.window, parsed.other_windows) == (third, (big, small))
+
+
 def test_a_mark_reads_back_with_its_seal_point_and_an_older_one_without() -> None:
     mark = WindowMark(5, 4000, 2, (7, 9), seal_at=812)
     assert WindowMark.from_json(mark.to_json()) == mark

@@ -62,6 +62,7 @@ def reference_body(st: ConversationState) -> str:
             "ctx_tokens": st.context_tokens,
             "epoch": st.epoch,
             "window": st.window.to_json() if st.window else None,
+            "windows": [w.to_json() for w in st.other_windows],
             "words": st.words,
             "channel": st.channel,
             "users": list(st.users),

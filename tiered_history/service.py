@@ -807,7 +807,7 @@ class ReplyPath:
         # Enough recent messages for any window (the budget, plus a chunk to find anchors in),
         # and the live summaries and archives, newest first, as far as a budget could use them.
         cap = max_tokens + int(max_tokens * self.shares.anchor) + 1
-        mark = state.window
+        mark = state.mark_for(max_tokens)
         summaries: tuple[SummaryWindow, ...] = (
             SummaryWindow("topic", state.topics_merged_upto, max_tokens),
             SummaryWindow("bulk", 0, max_tokens),
@@ -821,7 +821,7 @@ class ReplyPath:
         return ContextRequest(
             (Window(0, state.last_sequence, cap),),
             summaries,
-            mark.shown if mark is not None and mark.budget == max_tokens else (),
+            mark.shown if mark is not None else (),
         )
 
     def snapshot(self, conversation_id: str, max_tokens: int) -> Snapshot:
@@ -927,7 +927,7 @@ class ReplyPath:
         first: the next read decides the same. False when it could not be recorded now."""
         start = ctx.current_topic[0].sequence if ctx.current_topic and not ctx.truncated_newest else None
         shown = tuple(x.id for x in ctx.bulk_archives + ctx.historical_topics)
-        mark = state.window
+        mark = state.mark_for(max_tokens)
         if start is not None:
             chosen = WindowMark(start, max_tokens, state.epoch, shown)
             # The same mark between events keeps its seal point (the window grew as the topic did).
@@ -937,9 +937,10 @@ class ReplyPath:
                     # Where the window no longer fits: the room the context leaves (recall gives way).
                     room = max_tokens - ctx.total_tokens + ctx.tier_tokens.get("recall", 0)
                     mark = replace(chosen, seal_at=state.open.tokens + max(room, 0))
-        if state.budget == max_tokens and mark == state.window:
+        window, others = state.with_mark(mark, max_tokens)
+        if state.budget == max_tokens and window == state.window and others == state.other_windows:
             return True
-        after = state.bumped(budget=max_tokens, window=mark)
+        after = state.bumped(budget=max_tokens, window=window, other_windows=others)
         try:
             done = self.store.commit(state.id, Guard(state.version), Writes(after)).ok
         except TransientStoreError as e:
@@ -994,7 +995,7 @@ class ReplyPath:
             summarized_upto=state.summarized_upto,
             query=text,
             explicit=query is not None,
-            mark=state.window,
+            mark=state.mark_for(max_tokens),
             epoch=state.epoch,
             growth=self._growth(state, max_tokens),
             frozen=[summ(x) for x in snap.by_id if x.content],

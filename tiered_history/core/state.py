@@ -21,6 +21,8 @@ from typing import Any
 DUE_NOW = datetime(1970, 1, 1, tzinfo=UTC)
 #: How many of the newest messages the state remembers one by one (for cuts a few messages back).
 RECENT = 8
+#: Window marks kept for budgets other than the one read last (a bot reading for a second or third model).
+OTHER_WINDOWS = 2
 #: Platform user ids remembered per conversation.
 MAX_USERS = 64
 
@@ -274,6 +276,11 @@ class ConversationState:
     epoch: int = 0
     """Events so far (seals, summaries, merges, roll-ups, pins): what may change a context's start."""
     window: WindowMark | None = None
+    """Where the window starts for :attr:`budget` (the budget read last)."""
+    other_windows: tuple[WindowMark, ...] = ()
+    """The marks of the other budgets read lately, newest first (at most :data:`OTHER_WINDOWS`): a
+    bot reading one conversation for two models keeps each one's prefix (one mark made every read
+    at the other budget choose its window afresh, a rewrite of its cached prefix at every read)."""
     context_tokens: int = 0
     """Context tokens of every unpinned message so far: a message's position is what came before it."""
     words: int = 0
@@ -338,6 +345,20 @@ class ConversationState:
             self.compressions,
         )
 
+    def mark_for(self, budget: int) -> WindowMark | None:
+        """The window mark recorded for reads at ``budget``, if any."""
+        if self.window is not None and self.window.budget == budget:
+            return self.window
+        return next((m for m in self.other_windows if m.budget == budget), None)
+
+    def with_mark(
+        self, mark: WindowMark | None, budget: int
+    ) -> tuple[WindowMark | None, tuple[WindowMark, ...]]:
+        """The (window, other_windows) pair after a read at ``budget`` chose ``mark``: it becomes the
+        window, the previous window (of another budget) the newest of the others."""
+        others = [m for m in (self.window, *self.other_windows) if m is not None and m.budget != budget]
+        return mark, tuple(others[:OTHER_WINDOWS])
+
     # -- persistence ---------------------------------------------------------------------------
 
     def body(self) -> str:
@@ -361,7 +382,8 @@ class ConversationState:
             f'"dropped":{self.archives_dropped_upto},"compressions":{self.compressions},'
             f'"pins":[{",".join([f"[{q(k)},{n}]" for k, n in self.pins])}],'
             f'"budget":{_int(self.budget)},"ctx_tokens":{self.context_tokens},"epoch":{self.epoch},'
-            f'"window":{"null" if window is None else _window(window)},"words":{self.words},'
+            f'"window":{"null" if window is None else _window(window)},'
+            f'"windows":[{",".join([_window(w) for w in self.other_windows])}],"words":{self.words},'
             f'"channel":{_opt(self.channel)},"users":[{",".join([q(u) for u in self.users])}],'
             f'"detected":{self.detected_upto},"maint":{"true" if self.needs_maintenance else "false"},'
             f'"retry_at":{_stamp(self.next_retry_at)},"silence_at":{_stamp(self.silence_due_at)}}}'
@@ -411,6 +433,9 @@ class ConversationState:
             context_tokens=d.get("ctx_tokens", 0),
             epoch=d.get("epoch", 0),
             window=WindowMark.from_json(d.get("window")),
+            other_windows=tuple(
+                m for m in (WindowMark.from_json(v) for v in d.get("windows", ())) if m is not None
+            ),
             words=d.get("words", 0),
             channel=d.get("channel"),
             users=tuple(d.get("users", ())),

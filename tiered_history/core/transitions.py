@@ -269,20 +269,20 @@ def window_size_limit(rules: BoundaryRules, state: ConversationState) -> Boundar
     longer fits (:attr:`WindowMark.seal_at`): the open topic is sealed there, an event at which the
     window may move, instead of the window moving between events (a rewrite of the cached prefix)
     or keeping the whole size limit free at every event (a short window, moved often). Only a mark
-    recorded since the last event, for the budget the conversation is read with, counts."""
-    mark = state.window
-    if (
-        not rules.size
-        or mark is None
-        or mark.seal_at is None
-        or mark.epoch != state.epoch
-        or mark.budget != state.budget
-        or mark.seal_at >= rules.size_limit
-    ):
+    recorded since the last event counts: the window of the budget the conversation is read with,
+    and those of the other budgets it is read with in turn (the first of them to stop fitting)."""
+    if not rules.size:
+        return rules
+    window = state.window
+    marks = (window,) if window is not None and window.budget == state.budget else ()
+    seals = [
+        m.seal_at for m in (*marks, *state.other_windows) if m.seal_at is not None and m.epoch == state.epoch
+    ]
+    if not seals or min(seals) >= rules.size_limit:
         return rules
     # The same lowered rules for every message until the next event: one object, so that what
     # is derived from rules once (their compiled phrases, detector parameters) stays derived.
-    limit = max(mark.seal_at, 1)
+    limit = max(min(seals), 1)
     found = _LOWERED.get((id(rules), limit))
     if found is not None and found[0] is rules:  # the entry keeps ``rules`` alive: its id is not reused
         return found[1]
