@@ -445,3 +445,31 @@ def test_recall_is_never_empty_while_a_match_fits_in_its_room() -> None:
         picked, _, tokens = _recall(rows, window, _Block("topic"), _Block("bulk"), room, measure)
         assert picked, room
         assert tokens + sum(m.token_count for c in picked for m in c.messages) <= room
+
+
+def test_beside_a_newest_tool_unit_too_large_for_the_blocks_what_still_fits_of_them_is_shown() -> None:
+    """A tool result that leaves no room for the blocks and the recall reserve still leaves some: the
+    archives (the whole timeline at its coarsest) fill it, rather than no summary at all."""
+    archive = replace(summary(1, 1, 100, "Archive: the depot plan, vans and crates. " * 90), tier="bulk")
+    old = [message(s, filler(s), "user" if s % 2 else "assistant") for s in range(1, 101)]
+    call = replace(
+        message(101, "", "assistant"),
+        tool_calls=[{"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    )
+    big = "result " * 2800
+    n = COUNTER.message_tokens({"role": "tool", "content": big, "tool_call_id": "t1"})
+    result = replace(message(102, big, "tool"), token_count=n, full_token_count=n, tool_call_id="t1")
+    rows = Rows(
+        pinned=[],
+        recent=[*old, call, result],
+        end_position=sum(m.token_count for m in (*old, call, result)),
+        archives=[archive],
+        summarized_upto=100,
+        growth=GROWTH,
+    )
+    unit = call.token_count + n
+    assert unit + archive.token_count + RESERVE > BUDGET - 3 > unit + archive.token_count + 20
+    ctx = _assemble(rows)
+    assert [m.sequence for m in ctx.current_topic] == [101, 102]
+    assert ctx.bulk_archives == [archive]
+    assert ctx.total_tokens <= BUDGET

@@ -643,9 +643,13 @@ def assemble(
         units, step, stable, frozen, fits, aligned, rows, max_tokens, widen, extended, short
     )
     if chosen is None:
-        # Not even the newest unit fits beside the stable blocks: the newest unit alone.
+        # Not even the newest unit fits beside the stable blocks: the newest unit, and of the
+        # blocks what the room it leaves holds (archives first: the whole timeline at its coarsest),
+        # rather than no summary at all beside a large tool result.
         chosen = len(units) - 1
-        archives, topics = _Block("bulk"), _Block("topic")
+        left = avail - suffix[chosen]
+        archives = _fill("bulk", archives_before(chosen).items, min(bulk_limit, left), measure)
+        topics = _fill("topic", ranked(chosen), min(topic_limit, left - archives.tokens), measure)
     window = [m for u in units[chosen:] for m in u]
     # Recall gets its reserve, and no more: what it sends changes every turn, so whatever it uses
     # is sent uncached; the rest of the room is where the current topic grows until the next event.
