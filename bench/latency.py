@@ -253,11 +253,17 @@ def copy_rows(src_url: str, dst_url: str) -> None:
     finally:
         src.dispose()
         dst.dispose()
-    # Rows written in one go leave no planner statistics and a GIN pending list behind, which
-    # autovacuum would deal with in a while on a live database: do it now, as it would.
+    vacuum_analyze(dst_url)
+
+
+def vacuum_analyze(url: str) -> None:
+    """PostgreSQL: what autovacuum does to a live database a while after a fill (planner
+    statistics, the GIN pending list), done now: without statistics the planner reads rows by id
+    and finds a word's candidates with plans many times slower (autovacuum may be off on a test
+    server, as on this project's machines)."""
     import psycopg
 
-    with psycopg.connect(dst_url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
 
 
@@ -440,6 +446,8 @@ async def run_size(
             report = await h.maintain(cid)
             maintain_s = time.perf_counter() - t3
             log(f"  maintain {maintain_s:.1f}s: {report}")
+            if backend == "postgresql":
+                vacuum_analyze(db.url)
         stats = (await h.stats(cid))[0]
         ctx = await h.get_context(cid, MAX_TOKENS)
         shape = (
