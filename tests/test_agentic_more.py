@@ -1,0 +1,162 @@
+"""Promises under the bot patterns ``bench/agentic_more.py`` replays: copies, deletions, previews,
+odd message shapes, pins near the budget's limit, background maintenance, two processes."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from bench.agentic_more import replay, replay_processes, unit_problems
+from tiered_history import CompressedContext, HistoryCompressor
+
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+
+
+def filler(i: int) -> str:
+    """About 120 tokens of one unchanging subject (no content shift seals it)."""
+    return f"Line {i}: " + " ".join(f"the crate {i} goes to depot {j} by van" for j in range(12))
+
+
+def orphans(msgs: list[dict[str, Any]]) -> list[str]:
+    return unit_problems(msgs, newest_open=False)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="legacy function calls are not units: recall takes a role 'function' result as a plain "
+    "message and sends it (as an excerpt) without the assistant function_call it answers",
+)
+async def test_recall_keeps_a_legacy_function_result_with_its_call(db_url: str) -> None:
+    async with HistoryCompressor.from_url(db_url, context_budget=4000) as h:
+        at = T0
+        await h.add_message(
+            "c", {"role": "user", "content": "What is the weather at the zebra aquarium?", "timestamp": at}
+        )
+        call = {"name": "get_weather", "arguments": json.dumps({"place": "zebra aquarium"})}
+        await h.add_message(
+            "c", {"role": "assistant", "content": None, "function_call": call, "timestamp": at}
+        )
+        forecast = "Zebra aquarium forecast: sunny, 24 degrees, light wind from the harbour. " * 3
+        await h.add_message(
+            "c", {"role": "function", "name": "get_weather", "content": forecast, "timestamp": at}
+        )
+        await h.add_message("c", {"role": "assistant", "content": "Sunny there.", "timestamp": at})
+        for i in range(5, 60):
+            at = T0 + timedelta(minutes=i)
+            role = "user" if i % 2 else "assistant"
+            await h.add_message("c", {"role": role, "content": filler(i), "timestamp": at})
+            await h.get_context("c", 4000)
+        ask = {"role": "user", "content": "What was the zebra aquarium forecast again?", "timestamp": at}
+        await h.add_message("c", ask)
+        ctx = await h.get_context("c", 4000)
+        assert 3 in [m.sequence for m in ctx.recalled]  # the forecast is recalled
+        assert orphans(ctx.to_messages()) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="legacy function calls are not units: a silence seal may fall between an assistant "
+    "function_call and its role 'function' result, and the window then starts at the result",
+)
+async def test_window_never_starts_at_a_legacy_function_result(db_url: str) -> None:
+    async with HistoryCompressor.from_url(db_url, context_budget=4000) as h:
+        at = T0
+        for i in range(1, 40):
+            at = T0 + timedelta(minutes=i)
+            await h.add_message(
+                "c", {"role": "user" if i % 2 else "assistant", "content": filler(i), "timestamp": at}
+            )
+        await h.add_message("c", {"role": "user", "content": "Weather in Oslo?", "timestamp": at})
+        call = {"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}
+        await h.add_message(
+            "c", {"role": "assistant", "content": None, "function_call": call, "timestamp": at}
+        )
+        at += timedelta(hours=2)  # the function answered late: the silence rule seals before its result
+        result = (
+            "Oslo: snow. " + filler(99) * 12
+        )  # about 1,700 tokens: the window cannot hold the topic before
+        await h.add_message(
+            "c", {"role": "function", "name": "get_weather", "content": result, "timestamp": at}
+        )
+        await h.add_message("c", {"role": "assistant", "content": "Snow in Oslo.", "timestamp": at})
+        await h.maintain("c", now=at)
+        ctx = await h.get_context("c", 4000)
+        assert ctx.current_topic[0].sequence == 42  # the window starts at the function's result
+        assert orphans(ctx.to_messages()) == []
+
+
+def stable_part(ctx: CompressedContext) -> list[dict[str, Any]]:
+    """What the context holds before its recall part (all of it when nothing is recalled)."""
+    msgs = ctx.to_messages()
+    return msgs[: ctx.recall_start] if ctx.recall_start is not None else msgs
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a read below cache_min_tokens (relevance layout: no mark needed) still records a window "
+    "mark and takes one of the 1 + OTHER_WINDOWS slots: a bot reading three cached budgets in turn "
+    "(each kept alone) loses their prefixes without an event once it also reads at 1,500",
+)
+async def test_a_small_read_does_not_evict_a_cached_budgets_window(db_url: str) -> None:
+    async with HistoryCompressor.from_url(db_url, context_budget=4000) as h:
+        previous: CompressedContext | None = None
+        lost: list[int] = []
+        for i in range(1, 61):
+            role = "user" if i % 2 else "assistant"
+            await h.add_message(
+                "c", {"role": role, "content": filler(i), "timestamp": T0 + timedelta(minutes=i)}
+            )
+            ctx = await h.get_context("c", 4000)
+            await h.get_context("c", 1500)  # a cheap model's read, below cache_min_tokens
+            await h.get_context("c", 8000)
+            await h.get_context("c", 6000)
+            if previous is not None and ctx.maintenance_epoch == previous.maintenance_epoch:
+                kept = ctx.to_messages()[: len(stable_part(previous))] == stable_part(previous)
+                lost += [] if kept else [i]
+            previous = ctx
+        assert lost == []
+
+
+@pytest.mark.parametrize(
+    ("pattern", "store"),
+    [
+        ("fork+import", "sqlite"),
+        ("delete+recreate", "sqlite"),
+        ("previews+small", "memory"),
+        ("long messages", "memory"),
+        ("pins near limit", "memory"),
+        ("background", "sqlite"),
+    ],
+)
+async def test_agentic_more_replay_keeps_its_promises(pattern: str, store: str) -> None:
+    """A short replay of each pattern at 4,000 tokens, recall on: within budget (as counted and as
+    re-counted), units whole, pins sent, every message shown and stored exactly as given, no
+    overlapping live summaries, no read failing, no prefix lost without an event (but the
+    documented exceptions). ``shapes`` is left out: its legacy function calls are the xfails above."""
+    r = await replay(pattern, store, True, 4000, 15)
+    assert r.reads > 0
+    found = (
+        r.over_budget,
+        r.broken_units,
+        r.pins_lost,
+        r.changed_in_context,
+        r.storage,
+        r.duplicate_summaries,
+        r.errors,
+        r.losses,
+    )
+    assert found == (0,) * 8, r.findings
+
+
+@pytest.mark.slow
+async def test_two_processes_on_one_sqlite_file_keep_their_promises() -> None:
+    """Two spawned processes, each with background maintenance, reply into one shared conversation
+    and one of their own, reading after every message: nothing lost or repeated, no duplicate
+    summary, every read within budget with whole units, no prefix lost without an event."""
+    r = await replay_processes("sqlite", 4000, 8)
+    assert r.reads > 0
+    found = (r.over_budget, r.broken_units, r.storage, r.duplicate_summaries, r.errors, r.losses)
+    assert found == (0,) * 6, r.findings
