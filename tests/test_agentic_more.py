@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench.agentic_more import replay, replay_processes, unit_problems
-from tiered_history import CompressedContext, HistoryCompressor
+from tiered_history import CompressedContext, HistoryCompressor, SyncHistoryCompressor
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
@@ -160,3 +160,45 @@ async def test_two_processes_on_one_sqlite_file_keep_their_promises() -> None:
     assert r.reads > 0
     found = (r.over_budget, r.broken_units, r.storage, r.duplicate_summaries, r.errors, r.losses)
     assert found == (0,) * 6, r.findings
+
+
+async def test_a_read_whose_record_another_writer_beat_keeps_the_next_reads_prefix(sql_url: str) -> None:
+    """Background maintenance (a lease, a release) or another worker's reply may move the state's
+    version between a read's snapshot and the guarded write that records its window mark: the mark
+    must still be recorded when no event came between, or the next read at the same epoch takes
+    the previous mark for one from before the event and may move the window (found by the
+    ``background`` replay of bench/agentic_more.py: a loss without an event)."""
+    async with HistoryCompressor.from_url(sql_url, context_budget=4000) as h:
+        other = SyncHistoryCompressor.from_url(sql_url, context_budget=4000)
+        real = h.reply.assemble
+        at = T0
+        armed = False
+
+        def assemble(cid: str, max_tokens: int, snap: Any, query: str | None = None) -> CompressedContext:
+            nonlocal armed, at
+            ctx = real(cid, max_tokens, snap, query)
+            if armed:  # another worker replies while this read is assembled
+                armed = False
+                at += timedelta(seconds=5)
+                other.add_message("c", {"role": "assistant", "content": filler(900)[:600], "timestamp": at})
+            return ctx
+
+        h.reply.assemble = assemble  # type: ignore[method-assign]
+        previous: CompressedContext | None = None
+        lost: list[int] = []
+        try:
+            for i in range(1, 80):
+                at += timedelta(minutes=1)
+                role = "user" if i % 2 else "assistant"
+                await h.add_message("c", {"role": role, "content": filler(i), "timestamp": at})
+                if i % 6 == 0:
+                    await h.maintain("c", now=at)  # an event; the next read's record is beaten
+                    armed = True
+                ctx = await h.get_context("c", 4000)
+                if previous is not None and ctx.maintenance_epoch == previous.maintenance_epoch:
+                    kept = ctx.to_messages()[: len(stable_part(previous))] == stable_part(previous)
+                    lost += [] if kept else [i]
+                previous = ctx
+        finally:
+            other.close()
+        assert lost == []

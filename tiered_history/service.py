@@ -118,6 +118,10 @@ class StateCache:
 SummaryRead = tuple[list[list[Summary]], list[Summary]]
 
 
+#: Tries at recording a read's window mark while other writers keep moving the state's version.
+REMEMBER_ATTEMPTS = 3
+
+
 class ContextCache:
     """The newest context built here for each recent conversation, with the state it was built from.
 
@@ -923,8 +927,9 @@ class ReplyPath:
 
     def _remember(self, state: ConversationState, max_tokens: int, ctx: CompressedContext) -> bool:
         """Keep the budget this conversation is read with (topic sizes and merges follow it) and
-        where its window starts (it moves only at events). Skipped when another writer got there
-        first: the next read decides the same. False when it could not be recorded now."""
+        where its window starts (it moves only at events). When another writer moved the state
+        first with no event (a reply, a lease), recorded on the state as it is now; skipped after an
+        event or another read's mark for this budget. False when it could not be recorded now."""
         start = ctx.current_topic[0].sequence if ctx.current_topic and not ctx.truncated_newest else None
         shown = tuple(x.id for x in ctx.bulk_archives + ctx.historical_topics)
         mark = state.mark_for(max_tokens)
@@ -937,18 +942,33 @@ class ReplyPath:
                     # Where the window no longer fits: the room the context leaves (recall gives way).
                     room = max_tokens - ctx.total_tokens + ctx.tier_tokens.get("recall", 0)
                     mark = replace(chosen, seal_at=state.open.tokens + max(room, 0))
-        window, others = state.with_mark(mark, max_tokens)
-        if state.budget == max_tokens and window == state.window and others == state.other_windows:
-            return True
-        after = state.bumped(budget=max_tokens, window=window, other_windows=others)
-        try:
-            done = self.store.commit(state.id, Guard(state.version), Writes(after)).ok
-        except TransientStoreError as e:
-            # A busy database must not cost the reply its context: the next read records it.
-            log.info("not recording the window of %r now: %s", state.id, e)
-            return False
-        if done:
-            self.states.put(after)
+        for _ in range(REMEMBER_ATTEMPTS):
+            window, others = state.with_mark(mark, max_tokens)
+            if state.budget == max_tokens and window == state.window and others == state.other_windows:
+                return True
+            after = state.bumped(budget=max_tokens, window=window, other_windows=others)
+            try:
+                done = self.store.commit(state.id, Guard(state.version), Writes(after)).ok
+            except TransientStoreError as e:
+                # A busy database must not cost the reply its context: the next read records it.
+                log.info("not recording the window of %r now: %s", state.id, e)
+                return False
+            if done:
+                self.states.put(after)
+                return True
+            # Another writer moved the version first: a reply appended, maintenance took or gave
+            # back its lease. With no event since and no other mark for this budget, the mark
+            # still holds for the state as it is now; left unrecorded, the next read at the same
+            # epoch would take the previous mark for one from before the event and might move the
+            # window, a rewrite of the cached prefix without an event.
+            fresh = self.store.read_state(state.id)
+            if (
+                fresh is None
+                or fresh.epoch != state.epoch
+                or fresh.mark_for(max_tokens) != state.mark_for(max_tokens)
+            ):
+                return True  # an event, or another read's mark: the next read decides anew
+            state = fresh
         return True
 
     def assemble(
