@@ -94,12 +94,6 @@ def stable_part(ctx: CompressedContext) -> list[dict[str, Any]]:
     return msgs[: ctx.recall_start] if ctx.recall_start is not None else msgs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a read below cache_min_tokens (relevance layout: no mark needed) still records a window "
-    "mark and takes one of the 1 + OTHER_WINDOWS slots: a bot reading three cached budgets in turn "
-    "(each kept alone) loses their prefixes without an event once it also reads at 1,500",
-)
 async def test_a_small_read_does_not_evict_a_cached_budgets_window(db_url: str) -> None:
     async with HistoryCompressor.from_url(db_url, context_budget=4000) as h:
         previous: CompressedContext | None = None

@@ -933,6 +933,10 @@ class ReplyPath:
         start = ctx.current_topic[0].sequence if ctx.current_topic and not ctx.truncated_newest else None
         shown = tuple(x.id for x in ctx.bulk_archives + ctx.historical_topics)
         mark = state.mark_for(max_tokens)
+        if max_tokens < self.shares.cache_min:
+            # Laid out for relevance, no prefix to keep: no mark, so that none of the cached
+            # budgets' marks makes room for one (a bot's 1,500-token side reads evicted them).
+            start = mark = None
         if start is not None:
             chosen = WindowMark(start, max_tokens, state.epoch, shown)
             # The same mark between events keeps its seal point (the window grew as the topic did).
