@@ -106,6 +106,8 @@ def test_the_state_document_is_what_json_dumps_writes() -> None:
             h.add_message("c", {"role": "user" if i % 2 == 0 else "assistant", "content": text})
             if i % 50 == 10:
                 h.get_context("c", 300)
+                # Window marks: none below cache_min_tokens, one per budget read above it.
+                h.get_context("c", 4000 if i % 100 == 10 else 2500)
             if i % 70 == 20:
                 h.maintain()
             st = h.reply.states.get("c")
@@ -125,7 +127,7 @@ def test_the_state_document_is_what_json_dumps_writes() -> None:
             )
             seen.update(k for k, v in json.loads(st.body()).items() if v not in (None, [], 0, False))
     # The run reached every part of the document that can hold something.
-    assert {"calls", "last_seal", "pins", "window", "users", "channel", "budget", "maint"} <= seen
+    assert {"calls", "last_seal", "pins", "window", "windows", "users", "channel", "budget", "maint"} <= seen
 
 
 def test_a_state_copied_with_changes_is_what_dataclasses_replace_makes() -> None:
