@@ -462,6 +462,41 @@ async def test_huge_message_alone_then_next_message_seals_by_size(url: str) -> N
         assert len((await hc.get_history("c")).topics) == 1
 
 
+async def test_results_past_the_size_limit_seal_before_their_call(url: str) -> None:
+    """A tool result starts no topic, but one that pushes the open topic past the size limit
+    seals it before the call: the call and its results go whole into the next topic (else a
+    large result outgrows the window with no event, a rewrite of the cached prefix)."""
+    settings = Settings.load(
+        context_budget=1000, boundaries={"explicit": False, "temporal": False, "cohesion": False}
+    )
+    limit = topic_size_limit(1000, settings.tiers.current_topic, settings.token_threshold)
+    calls = [
+        {"id": f"call_{k}", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+        for k in range(3)
+    ]
+    async with HistoryCompressor(url, settings=settings) as hc:
+        await hc.add_message("c", msg("user", "Look up the three depots, please. " * 3, 0))
+        await hc.add_message("c", msg("assistant", "", 1, tool_calls=calls))
+        result = "depot row with crates and vans. " * (limit // 16)
+        await hc.add_message("c", msg("tool", result, 2, tool_call_id="call_0"))
+        assert (await hc.get_history("c")).topics == []  # under the limit still
+        await hc.add_message("c", msg("tool", result, 3, tool_call_id="call_1"))
+        h = await hc.get_history("c")
+        [t] = h.topics
+        assert (t.first_sequence, t.last_sequence, t.sealed_reason) == (1, 1, SIZE)
+        assert h.open_topic_start == 2  # the call and its results so far, whole
+        await hc.add_message("c", msg("tool", "depot 3: empty", 4, tool_call_id="call_2"))
+        assert len((await hc.get_history("c")).topics) == 1
+        ctx = await hc.get_context("c", 1000)
+        sent = ctx.to_messages()
+        at_call = next(i for i, m in enumerate(sent) if m.get("tool_calls"))
+        assert [m.get("tool_call_id") for m in sent[at_call + 1 : at_call + 4]] == [
+            "call_0",
+            "call_1",
+            "call_2",
+        ]
+
+
 async def test_size_seal_when_small_messages_add_up(url: str) -> None:
     async with HistoryCompressor(
         url, context_budget=1000, boundaries={"explicit": False, "temporal": False}

@@ -125,6 +125,9 @@ class OpenTopic:
     """The detector state JSON as persisted (``None``: fresh)."""
     last_seal_start: int | None = None
     """First sequence of the most recently sealed topic, if any (what an unseal reopens)."""
+    held: int = 0
+    """Messages of the open topic since its last place where no call awaited its result (an open
+    tool unit: the call and the results so far)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -340,7 +343,20 @@ def decide_live(
             reopen(state, topic.last_seal_start)
             return verdict(UNSEAL)
         state.unseal_left -= bool(words)
-    if topic.messages == 0 or not may_open:
+    if topic.messages == 0:
+        return verdict(None)
+    if not may_open:
+        # A tool result (or an assistant turn inside an open call) starts no topic. Past the size
+        # limit the topic is still sealed, before the call, which goes whole into the next one:
+        # else a large result outgrows the window with no event (a rewrite of the cached prefix,
+        # and messages left neither in the window nor in a summary until the next seal).
+        if (
+            rules.size
+            and topic.tool_call_open
+            and 0 < topic.held < topic.messages
+            and size_boundary(topic.tokens, topic.messages, incoming.tokens, rules.size_limit)
+        ):
+            return verdict(SIZE, topic.held)
         return verdict(None)
     big_enough = topic.tokens >= rules.min_tokens
     if big_enough and phrase:

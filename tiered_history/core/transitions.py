@@ -207,6 +207,7 @@ def _open_topic(state: ConversationState) -> OpenTopic:
         start=state.topic_start_seq,
         detector=state.detector,
         last_seal_start=state.last_seal.first if state.last_seal is not None else None,
+        held=state.tail.messages if state.open_tool_calls else 0,
     )
 
 
