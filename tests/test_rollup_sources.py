@@ -199,3 +199,23 @@ def test_room_follows_what_each_piece_stands_for() -> None:
     from_old = sum(line.count("In topic") for line in lines if line.startswith("User"))
     from_new = sum(line.count("In topic") for line in lines if line.startswith("Assistant"))
     assert from_old >= 2 and from_old > from_new
+
+
+def test_an_older_archive_given_as_its_text_weighs_what_it_stands_for() -> None:
+    # Past the source cap the previous roll-up comes as its text: it stands for the whole earlier
+    # timeline (its source_tokens), not for its few lines, and keeps its share of the new roll-up
+    # (weighed by its text it got a sliver at every roll-up, and old facts wore away).
+    old_lines = [sentence(i, 1) for i in range(12)]
+    old_text = "User: " + " ".join(old_lines)
+    new = [
+        SummaryInput(100 + i, "assistant", sentence(40 + i, 2), T0 + timedelta(hours=2)) for i in range(30)
+    ]
+    pieces = [
+        SummaryPiece(old_text, 0, 99, T0, T0 + timedelta(hours=1), source_tokens=40_000),
+        SummaryPiece("Assistant: the new plans.", 100, 129, T0 + timedelta(hours=2), T0 + timedelta(hours=3)),
+    ]
+    text = asyncio.run(ExtractiveSummarizer().merge(pieces, 120, sources=[None, new])).text
+    lines = [line for line in text.splitlines() if not line.startswith("[")]
+    from_old = sum(line.count("In topic") for line in lines if line.startswith("User"))
+    from_new = sum(line.count("In topic") for line in lines if line.startswith("Assistant"))
+    assert from_old > from_new, text

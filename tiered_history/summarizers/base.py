@@ -30,6 +30,9 @@ class SummaryPiece:
     last_sequence: int
     started_at: datetime
     ended_at: datetime
+    source_tokens: int = 0
+    """Tokens of the messages it stands for (0: not known): a roll-up handed some archives' messages
+    and the older ones' texts weighs each text by them, not by its own length."""
 
 
 @dataclass(frozen=True, slots=True)

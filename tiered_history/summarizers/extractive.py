@@ -516,9 +516,13 @@ class ExtractiveSummarizer:
         sizes = [self.counter.count(p.text) for p in pieces]
         weights = sizes
         if sources is not None:
+            # A piece given as its text (an older archive past the roll-up's source cap) stands for
+            # what it summarises, not for its few hundred tokens: weighed by its text, the whole
+            # earlier timeline got a sliver at every roll-up and wore away (long chats with
+            # LLM-length replies lost their oldest facts once past the cap).
             weights = [
-                sum(self.counter.count(m.content) for m in src) if src else size
-                for src, size in zip(sources, sizes, strict=True)
+                sum(self.counter.count(m.content) for m in src) if src else max(p.source_tokens, size)
+                for src, size, p in zip(sources, sizes, pieces, strict=True)
             ]
         return self._merge_text(
             pieces, weights, _budget(target_tokens, sum(sizes)), vocabulary, sources, said

@@ -235,7 +235,9 @@ class SummaryPipeline:
         ``earlier``: the texts of the archives before it (see :meth:`summarize_topic`).
         """
         pieces = [
-            SummaryPiece(t.content, t.first_sequence, t.last_sequence, t.started_at, t.ended_at)
+            SummaryPiece(
+                t.content, t.first_sequence, t.last_sequence, t.started_at, t.ended_at, t.source_tokens
+            )
             for t in items
         ]
         span = (
