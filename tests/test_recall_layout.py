@@ -139,6 +139,24 @@ def test_recall_prefers_what_adds_something_new_to_what_repeats_a_pick() -> None
     assert [(c.first, c.last) for c in picked] == [(1, 10), (3, 3), (5, 5), (15, 15), (17, 17)]
 
 
+def test_a_message_said_again_word_for_word_is_recalled_once() -> None:
+    """Six copies of the same question take room a message saying something else could have: one
+    copy is recalled (case and spacing aside), then the next best that says something new."""
+    asked = [
+        message(s, "Can I change the colour of the rug?" if s % 2 else "can i  change the colour OF the rug?")
+        for s in range(1, 7)
+    ]
+    answer = message(9, "I want the terracotta rug, not the grey one, for the colour.")
+    window = [message(31, "What colour did I pick for the rug?")]
+    candidates = [
+        *(Recalled(10.0 - k / 10, messages=(m,)) for k, m in enumerate(asked)),
+        Recalled(5.0, messages=(answer,)),
+    ]
+    rows = Rows(pinned=[], recent=[*asked, answer, window[0]], end_position=0, recall=candidates)
+    picked, _, _ = _recall(rows, window, _Block("topic"), _Block("bulk"), 2000, measure)
+    assert [c.first for c in picked] == [1, 9]
+
+
 def test_a_sealed_range_keeps_no_unit_still_awaiting_results() -> None:
     """Only the newest unit of a live window may await its results; in a sealed range (a topic
     recalled whole) a call without all its results is left out like any other."""

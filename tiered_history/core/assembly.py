@@ -946,6 +946,7 @@ def _pick(
     spent = 0
     taken: set[int] = set()  # sequences already recalled (a call and its result both match)
     spans: list[tuple[int, int]] = []
+    said: set[str] = set()  # texts of the plain messages recalled: a repeat adds nothing
     done = [k in dropped for k in range(len(eligible))]
     # First what adds something new; then, in room still left, what repeats part of a pick (a
     # message of a recalled summary's topic keeps details the summary left out).
@@ -967,6 +968,11 @@ def _pick(
                 continue
             if any(m.sequence in taken for m in cand.messages):
                 continue
+            # The same words again ("can I change the colour?" asked six times) take room that a
+            # message saying something else could have: one copy is recalled.
+            text = _said(cand)
+            if text is not None and text in said:
+                continue
             if not whole:
                 if terms is None:
                     terms = recall_terms(query)
@@ -977,10 +983,18 @@ def _pick(
                 cand, cost = replace(cand, messages=(cut,)), cut.token_count
             done[k] = True
             picked.append((k, cand))
+            if text is not None:
+                said.add(text)
             spans.append((cand.first, cand.last))
             taken.update(m.sequence for m in cand.messages)
             spent += cost
     return picked
+
+
+def _said(cand: Recalled) -> str | None:
+    """What a plain recalled message says, case and spacing aside (None for a summary or a unit)."""
+    m = cand.plain
+    return " ".join(m.content.lower().split()) if m is not None else None
 
 
 #: A matching message too long for the room recall has left is recalled as its sentences that
