@@ -54,6 +54,7 @@ from tiered_history.errors import BudgetTooSmallError, InvalidMessageError
 from tiered_history.tokens import TokenCounter
 
 from .agentic_prefix import START, Text, _awaiting_tail, _calls, _first_difference, _result_chars
+from .agentic_prefix import unit_problems as tool_unit_problems
 from .retention import api
 from .retention.prefix import common_prefix
 
@@ -91,25 +92,9 @@ def unit_problems(msgs: Sequence[Mapping[str, Any]], newest_open: bool) -> list[
     """``bench.agentic_prefix.unit_problems`` with legacy function calls: a ``role: "function"``
     result must follow the assistant ``function_call`` naming it, and such a call (not the newest
     message) must be followed by its result."""
-    out: list[str] = []
+    out = tool_unit_problems(msgs, newest_open)
     n = len(msgs)
     for i, m in enumerate(msgs):
-        if m.get("role") == "tool":
-            j = i - 1
-            while j >= 0 and msgs[j].get("role") == "tool":
-                j -= 1
-            ids = {str(c.get("id")) for c in (msgs[j].get("tool_calls") or [])} if j >= 0 else set()
-            if str(m.get("tool_call_id")) not in ids:
-                out.append(f"tool result {m.get('tool_call_id')} at {i} without its call before it")
-        if m.get("tool_calls"):
-            want = {str(c["id"]) for c in m["tool_calls"]}
-            got = set()
-            j = i + 1
-            while j < n and msgs[j].get("role") == "tool":
-                got.add(str(msgs[j].get("tool_call_id")))
-                j += 1
-            if want - got and not (newest_open and j == n):
-                out.append(f"call at {i} missing results {sorted(want - got)}")
         if m.get("role") == "function":
             prev = msgs[i - 1] if i else {}
             fc = prev.get("function_call") or {}
@@ -154,9 +139,9 @@ class Result:
     errors: int = 0
     refused_pins: int = 0
     events: int = 0
+    """Reads whose ``maintenance_epoch`` differed from the previous read's at that budget."""
     too_small: int = 0
     """Reads refused with ``BudgetTooSmallError`` (documented: pins leave too little)."""
-    """Reads whose ``maintenance_epoch`` differed from the previous read's at that budget."""
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
 

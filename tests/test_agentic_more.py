@@ -4,20 +4,14 @@ odd message shapes, pins near the budget's limit, background maintenance, two pr
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from bench.agentic_more import replay, replay_processes, unit_problems
+from tests._agentic import T0, filler, keeps_prefix, prefix_losses
 from tiered_history import CompressedContext, HistoryCompressor, SyncHistoryCompressor
-
-T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-
-
-def filler(i: int) -> str:
-    """About 120 tokens of one unchanging subject (no content shift seals it)."""
-    return f"Line {i}: " + " ".join(f"the crate {i} goes to depot {j} by van" for j in range(12))
 
 
 def orphans(msgs: list[dict[str, Any]]) -> list[str]:
@@ -88,30 +82,10 @@ async def test_window_never_starts_at_a_legacy_function_result(db_url: str) -> N
         assert orphans(ctx.to_messages()) == []
 
 
-def stable_part(ctx: CompressedContext) -> list[dict[str, Any]]:
-    """What the context holds before its recall part (all of it when nothing is recalled)."""
-    msgs = ctx.to_messages()
-    return msgs[: ctx.recall_start] if ctx.recall_start is not None else msgs
-
-
 async def test_a_small_read_does_not_evict_a_cached_budgets_window(db_url: str) -> None:
     async with HistoryCompressor.from_url(db_url, context_budget=4000) as h:
-        previous: CompressedContext | None = None
-        lost: list[int] = []
-        for i in range(1, 61):
-            role = "user" if i % 2 else "assistant"
-            await h.add_message(
-                "c", {"role": role, "content": filler(i), "timestamp": T0 + timedelta(minutes=i)}
-            )
-            ctx = await h.get_context("c", 4000)
-            await h.get_context("c", 1500)  # a cheap model's read, below cache_min_tokens
-            await h.get_context("c", 8000)
-            await h.get_context("c", 6000)
-            if previous is not None and ctx.maintenance_epoch == previous.maintenance_epoch:
-                kept = ctx.to_messages()[: len(stable_part(previous))] == stable_part(previous)
-                lost += [] if kept else [i]
-            previous = ctx
-        assert lost == []
+        # A cheap model's read at 1,500 (below cache_min_tokens) between the cached budgets'.
+        assert await prefix_losses(h, 60, (4000, 1500, 8000, 6000)) == []
 
 
 @pytest.mark.parametrize(
@@ -190,7 +164,7 @@ async def test_a_read_whose_record_another_writer_beat_keeps_the_next_reads_pref
                     armed = True
                 ctx = await h.get_context("c", 4000)
                 if previous is not None and ctx.maintenance_epoch == previous.maintenance_epoch:
-                    kept = ctx.to_messages()[: len(stable_part(previous))] == stable_part(previous)
+                    kept = keeps_prefix(previous, ctx)
                     lost += [] if kept else [i]
                 previous = ctx
         finally:

@@ -10,26 +10,13 @@ replays of ``bench.retention`` read one budget, no explicit query; a bot may pas
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime, timedelta
 
 import pytest
 
 from bench.agentic_prefix import replay
-from tiered_history import CompressedContext, HistoryCompressor
-
-T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-
-
-def filler(i: int) -> str:
-    """About 120 tokens of one unchanging subject (no content shift seals it)."""
-    return f"Line {i}: " + " ".join(f"the crate {i} goes to depot {j} by van" for j in range(12))
-
-
-def stable_part(ctx: CompressedContext) -> list[dict[str, Any]]:
-    """What the context holds before its recall part (all of it when nothing is recalled)."""
-    msgs = ctx.to_messages()
-    return msgs[: ctx.recall_start] if ctx.recall_start is not None else msgs
+from tests._agentic import T0, filler, keeps_prefix, prefix_losses
+from tiered_history import HistoryCompressor
 
 
 async def long_chat(h: HistoryCompressor, budget: int) -> datetime:
@@ -68,7 +55,7 @@ async def test_explicit_query_that_starts_recalling_keeps_the_previous_prefix(db
         after = await h.get_context("c", 4000, query="zebra name")
         assert after.maintenance_epoch == before.maintenance_epoch  # no event between the two reads
         assert [m.sequence for m in after.recalled] == [1]
-        assert after.to_messages()[: len(stable_part(before))] == stable_part(before)
+        assert keeps_prefix(before, after)
 
 
 @pytest.mark.xfail(
@@ -100,27 +87,12 @@ async def test_tool_loop_query_that_starts_recalling_keeps_the_previous_prefix(d
         after = await h.get_context("c", 4000, query="zebra name")
         assert after.maintenance_epoch == before.maintenance_epoch
         assert after.recalled
-        assert after.to_messages()[: len(stable_part(before))] == stable_part(before)
+        assert keeps_prefix(before, after)
 
 
 async def test_two_budgets_in_turn_keep_each_prefix(db_url: str) -> None:
     async with HistoryCompressor.from_url(db_url, context_budget=4000) as h:
-        previous: CompressedContext | None = None
-        lost: list[int] = []
-        for i in range(1, 41):
-            role = "user" if i % 2 else "assistant"
-            await h.add_message(
-                "c", {"role": role, "content": filler(i), "timestamp": T0 + timedelta(minutes=i)}
-            )
-            small = await h.get_context("c", 4000)
-            await h.get_context("c", 8000)
-            kept = previous is None or small.to_messages()[: len(stable_part(previous))] == stable_part(
-                previous
-            )
-            if previous is not None and small.maintenance_epoch == previous.maintenance_epoch and not kept:
-                lost.append(i)
-            previous = small
-        assert lost == []
+        assert await prefix_losses(h, 40, (4000, 8000)) == []
 
 
 @pytest.mark.parametrize("pattern", ["tools", "parallel+abandon", "pins", "silence+seal"])
