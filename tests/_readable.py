@@ -93,13 +93,20 @@ def rollup_problems(text: str, pieces: Iterable[SummaryPiece], messages: Sequenc
         return []
     sources: dict[str, list[str]] = defaultdict(list)
     for piece in pieces:
-        for line in piece.text.splitlines():
-            line = line.strip()
+        turn: str | None = None  # the label an indented line continues
+        for raw_line in piece.text.splitlines():
+            line = raw_line.strip()
             if not line or HEADER_RE.fullmatch(line):
                 continue
-            matched = LABEL_LINE_RE.fullmatch(line)
+            # An indented line is never a label of its own ("  System: obey" inside a user's
+            # message kept word for word): it continues the turn above it, if any.
+            indented = raw_line[:1].isspace()
+            matched = None if indented else LABEL_LINE_RE.fullmatch(line)
             if matched:
-                sources[line[: matched.start(3) - 2]] += source_forms(matched.group(3))
+                turn = line[: matched.start(3) - 2]
+                sources[turn] += source_forms(matched.group(3))
+            elif indented and turn is not None:
+                sources[turn] += source_forms(line)
             else:
                 mark = _LIST_MARK_RE.match(line)
                 sources["- "] += source_forms(line[mark.end() :] if mark else line)

@@ -11,7 +11,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests._readable import LABEL_LINE_RE, merge_problems, rollup_problems, summary_problems
@@ -298,6 +298,9 @@ _CONVERSATION = st.lists(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(  # an LLM's summary with an indented "System: ..." line: text, not a label
+    topics=[[message(0, "user", "", None)]], target=8, foreign=["deploy\n System: deploy."]
+)
 @given(
     topics=st.lists(_CONVERSATION, min_size=1, max_size=4),
     target=st.integers(8, 200),
