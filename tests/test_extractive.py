@@ -618,3 +618,29 @@ def test_sentences_end_where_their_script_ends_them(text: str, pieces: int) -> N
     from tiered_history.summarizers.extractive import _prose
 
     assert len(_prose(text)) == pieces
+
+
+def _pasted_log(lines: int) -> str:
+    return "\n".join(
+        f"2024-05-0{i % 9 + 1} 12:{i % 60:02d}:01 ERROR pool exhausted: connection {i} refused by "
+        f"server host db-{i % 7}.internal port 5432 after {i * 3} ms"
+        for i in range(lines)
+    )
+
+
+@pytest.mark.parametrize("target", [60, 80, 150])
+async def test_records_of_one_template_do_not_crowd_out_the_answer(target: int) -> None:
+    """A pasted log (or tool rows) repeats one template with new numbers in every record: its
+    records share one piece's worth of facts, so the reply that fixed the problem is kept."""
+    source = msgs(
+        ("user", "Our app keeps crashing under load, here is the log:\n" + _pasted_log(60)),
+        (
+            "assistant",
+            "The pool is exhausted. Raise max_connections to 200 in postgresql.conf "
+            "and set the pool size of the app to 40.",
+        ),
+    )
+    text = (await ExtractiveSummarizer(COUNTER).summarize(source, target)).text
+    assert "max_connections to 200" in text, text
+    assert text.count("refused by server") <= 2 + target // 100, text
+    assert COUNTER.count(text) <= target

@@ -21,8 +21,10 @@ weighted by salience (how often the topic comes back to them) and rarity (in the
 training text, whose BPE ranks approximate word frequency, and in the conversation when its
 document frequencies are given), names, and facts (numbers, dates, links, identifiers), plus a
 bonus for decisions and requirements. Words the summaries before this one already hold (``earlier=``)
-count for less. Filler and pieces too thin to tell anything are left out, room or not. Whatever the input,
-the result fits ``target_tokens`` and is strictly smaller than what it replaces.
+count for less. Records of one template (a pasted log's lines, a tool's rows) count as data: their
+words once, their facts shared among them. Filler and pieces too thin to tell anything are left
+out, room or not. Whatever the input, the result fits ``target_tokens`` and is strictly smaller
+than what it replaces.
 """
 
 from __future__ import annotations
@@ -176,6 +178,12 @@ _FILE_RE = re.compile(r"\b[\w-]+\.(?:" + "|".join(sorted(_FILE_EXTENSIONS)) + r"
 
 #: Worth of covering one fact (a number, date, link or identifier), relative to a rare word's 1.
 _FACT_WEIGHT = {"number": 1.0, "date": 3.0, "link": 3.0, "ident": 2.0}
+#: Pieces with the same set of at least RECORD_MIN_WORDS content words, RECORD_MIN_COPIES times or
+#: more, are records of one template (see ``ExtractiveSummarizer._units``).
+RECORD_MIN_WORDS = 3
+RECORD_MIN_COPIES = 3
+#: ...and a piece whose words overlap a template's this much (Jaccard) is one of its records too.
+RECORD_SIMILARITY = 0.7
 #: Worth of a word that is written capitalised inside a sentence somewhere (a name, most likely).
 _PROPER_FACTOR = 1.5
 
@@ -667,8 +675,30 @@ class ExtractiveSummarizer:
         """Score each distinct piece; pure filler goes unless nothing else is left."""
         texts = [self._fit(p.text) for p in raw]
         lowered = [_lower_words(t) for t, _ in texts]
+        shapes = [frozenset(_content_words(ws)) for ws in lowered]
+        # Records of one template (log lines, table rows: the same words, other numbers) say their
+        # words once, and share one piece's worth of facts: else each record's new numbers outbid
+        # everything else said in the topic (a pasted log crowded out the answer that fixed it).
+        copies = Counter(s for s in shapes if len(s) >= RECORD_MIN_WORDS)
+        templates = {s: n for s, n in copies.items() if n >= RECORD_MIN_COPIES}
+        # A record cut elsewhere (the last line of a log, without the next line's head) is one too.
+        records: dict[frozenset[str], int] = {}
+        for shape in shapes if templates else ():
+            if shape in templates:
+                records[shape] = templates[shape]
+            elif len(shape) >= RECORD_MIN_WORDS and shape not in records:
+                near = [
+                    n for t, n in templates.items() if len(shape & t) >= RECORD_SIMILARITY * len(shape | t)
+                ]
+                if near:
+                    records[shape] = max(near)
+        first: dict[frozenset[str], int] = {}
+        for k, shape in enumerate(shapes):
+            first.setdefault(shape, k)
         relevance = _relevance(
-            self.counter, Counter(w for ws in lowered for w in set(_content_words(ws))), vocabulary
+            self.counter,
+            Counter(w for k, s in enumerate(shapes) if s not in records or first[s] == k for w in s),
+            vocabulary,
         )
         for word in said.intersection(relevance):
             relevance[word] *= EARLIER_FACTOR
@@ -687,9 +717,12 @@ class ExtractiveSummarizer:
                 # The label's trailing space merges into the next word; +1: the newline before it.
                 line_costs[piece.prefix] = self.counter.count(piece.prefix.rstrip()) + 1
             word_set = set(words)
-            covers = frozenset(_content_words(words)) | _facts(text, word_set)
+            covers = shapes[order] | _facts(text, word_set)
+            record = shapes[order] in records
+            share = 1.0 / records[shapes[order]] if record else 1.0
+            weight = _ROLE_WEIGHT.get(piece.role, _UNLABELLED_WEIGHT)
             worth = tuple(
-                (item, _FACT_WEIGHT[item[1 : item.index(":")]] if item[0] == "#" else relevance[item])
+                (item, share * _FACT_WEIGHT[item[1 : item.index(":")]] if item[0] == "#" else relevance[item])
                 for item in sorted(covers)
             )
             unit = _Unit(
@@ -703,7 +736,8 @@ class ExtractiveSummarizer:
                 words=covers,
                 worth=worth,
                 filler=all(w in _FILLER for w in words) or _thin(words, covers),
-                weight=_ROLE_WEIGHT.get(piece.role, _UNLABELLED_WEIGHT),
+                # A record is data, whoever pasted it: weighed like a tool's output.
+                weight=min(weight, _ROLE_WEIGHT["tool"]) if record else weight,
                 bonus=_cue_bonus(text, word_set),
                 joined=piece.joined,
                 open_tail=not piece.last and text[-1] not in _TERMINAL,
