@@ -644,3 +644,20 @@ async def test_records_of_one_template_do_not_crowd_out_the_answer(target: int) 
     assert "max_connections to 200" in text, text
     assert text.count("refused by server") <= 2 + target // 100, text
     assert COUNTER.count(text) <= target
+
+
+async def test_statements_of_one_form_in_separate_messages_are_not_records() -> None:
+    """Only one message's pieces can be records: a fact a user told in a message of its own keeps
+    its full worth, however alike the wording of others."""
+    source = msgs(
+        ("user", "Please remember that the code for the storage unit is 4821."),
+        ("assistant", "Sure. Your dentist appointment with Dr Okafor moved to Thursday afternoon."),
+        ("user", "Please remember that the code for the storage unit is 7310."),
+        ("assistant", "Got it. The plumber Vasquez confirmed the boiler repair quote as well."),
+        ("user", "Please remember that the code for the storage unit is 5562."),
+        ("assistant", "Noted. Marguerite sent the wedding seating plan for your review."),
+    )
+    text = (await ExtractiveSummarizer(COUNTER).summarize(source, 60)).text
+    # Taken for records of one template, they lost to every assistant line (the later two repeat
+    # the first, which is what keeps them out now).
+    assert "storage unit is 4821" in text, text

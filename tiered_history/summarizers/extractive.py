@@ -178,8 +178,8 @@ _FILE_RE = re.compile(r"\b[\w-]+\.(?:" + "|".join(sorted(_FILE_EXTENSIONS)) + r"
 
 #: Worth of covering one fact (a number, date, link or identifier), relative to a rare word's 1.
 _FACT_WEIGHT = {"number": 1.0, "date": 3.0, "link": 3.0, "ident": 2.0}
-#: Pieces with the same set of at least RECORD_MIN_WORDS content words, RECORD_MIN_COPIES times or
-#: more, are records of one template (see ``ExtractiveSummarizer._units``).
+#: Pieces of one message with the same set of at least RECORD_MIN_WORDS content words,
+#: RECORD_MIN_COPIES times or more, are records of one template (see ``ExtractiveSummarizer._units``).
 RECORD_MIN_WORDS = 3
 RECORD_MIN_COPIES = 3
 #: ...and a piece whose words overlap a template's this much (Jaccard) is one of its records too.
@@ -676,28 +676,32 @@ class ExtractiveSummarizer:
         texts = [self._fit(p.text) for p in raw]
         lowered = [_lower_words(t) for t, _ in texts]
         shapes = [frozenset(_content_words(ws)) for ws in lowered]
-        # Records of one template (log lines, table rows: the same words, other numbers) say their
-        # words once, and share one piece's worth of facts: else each record's new numbers outbid
-        # everything else said in the topic (a pasted log crowded out the answer that fixed it).
-        copies = Counter(s for s in shapes if len(s) >= RECORD_MIN_WORDS)
-        templates = {s: n for s, n in copies.items() if n >= RECORD_MIN_COPIES}
+        # Records of one template in one message (a pasted log's lines, a tool's rows: the same
+        # words, other numbers) say their words once, and share one piece's worth of facts: else
+        # each record's new numbers outbid everything else said in the topic (a pasted log crowded
+        # out the answer that fixed it). Statements of one form in several messages stay statements
+        # (facts a user told on different days).
+        keys = [(p.group, shape) for p, shape in zip(raw, shapes, strict=True)]
+        copies = Counter(k for k in keys if len(k[1]) >= RECORD_MIN_WORDS)
+        templates: dict[int, list[tuple[frozenset[str], int]]] = {}
+        for (group, shape), n in copies.items():
+            if n >= RECORD_MIN_COPIES:
+                templates.setdefault(group, []).append((shape, n))
         # A record cut elsewhere (the last line of a log, without the next line's head) is one too.
-        records: dict[frozenset[str], int] = {}
-        for shape in shapes if templates else ():
-            if shape in templates:
-                records[shape] = templates[shape]
-            elif len(shape) >= RECORD_MIN_WORDS and shape not in records:
-                near = [
-                    n for t, n in templates.items() if len(shape & t) >= RECORD_SIMILARITY * len(shape | t)
-                ]
-                if near:
-                    records[shape] = max(near)
-        first: dict[frozenset[str], int] = {}
-        for k, shape in enumerate(shapes):
-            first.setdefault(shape, k)
+        records: dict[tuple[int, frozenset[str]], int] = {}
+        for piece_key in keys if templates else ():
+            group, shape = piece_key
+            if piece_key in records or len(shape) < RECORD_MIN_WORDS or group not in templates:
+                continue
+            near = [n for t, n in templates[group] if len(shape & t) >= RECORD_SIMILARITY * len(shape | t)]
+            if near:
+                records[piece_key] = max(near)
+        first: dict[tuple[int, frozenset[str]], int] = {}
+        for k, piece_key in enumerate(keys):
+            first.setdefault(piece_key, k)
         relevance = _relevance(
             self.counter,
-            Counter(w for k, s in enumerate(shapes) if s not in records or first[s] == k for w in s),
+            Counter(w for k, pk in enumerate(keys) if pk not in records or first[pk] == k for w in pk[1]),
             vocabulary,
         )
         for word in said.intersection(relevance):
@@ -718,8 +722,8 @@ class ExtractiveSummarizer:
                 line_costs[piece.prefix] = self.counter.count(piece.prefix.rstrip()) + 1
             word_set = set(words)
             covers = shapes[order] | _facts(text, word_set)
-            record = shapes[order] in records
-            share = 1.0 / records[shapes[order]] if record else 1.0
+            record = keys[order] in records
+            share = 1.0 / records[keys[order]] if record else 1.0
             weight = _ROLE_WEIGHT.get(piece.role, _UNLABELLED_WEIGHT)
             worth = tuple(
                 (item, share * _FACT_WEIGHT[item[1 : item.index(":")]] if item[0] == "#" else relevance[item])
