@@ -912,9 +912,11 @@ def _recall(
             eligible.append((cand, _cost(cand.messages)))
     # The picks are made against an estimate of the note; measured exactly, the weakest pick goes
     # and the rest of the room is chosen again without it (so more room never recalls less).
+    pool = _Pool(eligible, rows.query, measure)
     dropped: set[int] = set()
+    lines: dict[int, str] = {}  # the dated line of each recalled summary (picked again and again)
     while True:
-        chosen = _pick(eligible, dropped, room, note_estimate, rows.query, measure)
+        chosen = _pick(pool, dropped, room, note_estimate)
         if not chosen:
             return [], "", 0
         picked = sorted((c for _, c in chosen), key=lambda c: (c.first, c.last))
@@ -922,9 +924,15 @@ def _recall(
         times = [m.timestamp for c in picked for m in c.messages] + [
             t for c in picked if c.summary is not None for t in (c.summary.started_at, c.summary.ended_at)
         ]
-        lines = [_line(c.summary) for c in picked if c.summary is not None]
         spans = [(c.first, c.last) for c in picked]
-        note = "\n".join([recall_note(spans, min(times), max(times)), *lines])
+        texts = [recall_note(spans, min(times), max(times))]
+        for c in picked:
+            if c.summary is not None:
+                line = lines.get(id(c.summary))
+                if line is None:
+                    line = lines[id(c.summary)] = _line(c.summary)
+                texts.append(line)
+        note = "\n".join(texts)
         note_tokens = measure(note)
         total = note_tokens + sum(_cost(c.messages) for c in picked)
         if total <= room:
@@ -932,28 +940,49 @@ def _recall(
         dropped.add(min(chosen, key=lambda kc: kc[1].score)[0])
 
 
-def _pick(
-    eligible: Sequence[tuple[Recalled, int]],
-    dropped: set[int],
-    room: int,
-    note_estimate: int,
-    query: str,
-    measure: Measure,
-) -> list[tuple[int, Recalled]]:
-    """Recall's picks from ``eligible`` (best first, with their costs) but the ``dropped`` ones,
-    within ``room`` less ``note_estimate``, each with its index in ``eligible``."""
+class _Pool:
+    """Recall's candidates, best first with their costs, and what :func:`_pick` asks of each,
+    worked out once: ``_recall`` picks from them again after each drop (three times a read, often)."""
+
+    __slots__ = ("_cuts", "_said", "_terms", "items", "measure", "query", "seqs", "spans")
+
+    def __init__(self, items: Sequence[tuple[Recalled, int]], query: str, measure: Measure) -> None:
+        self.items = items
+        self.spans = [(c.first, c.last) for c, _ in items]
+        self.seqs = [[m.sequence for m in c.messages] for c, _ in items]
+        self._said: dict[int, str | None] = {}
+        self._cuts: dict[tuple[int, int], StoredMessage | None] = {}
+        self._terms: frozenset[str] | None = None
+        self.query, self.measure = query, measure
+
+    def said(self, k: int) -> str | None:
+        if k not in self._said:
+            self._said[k] = _said(self.items[k][0])
+        return self._said[k]
+
+    def excerpt(self, k: int, free: int) -> StoredMessage | None:
+        """Candidate ``k``'s message as its best sentences within ``free`` tokens (see :func:`_excerpt`)."""
+        if (k, free) not in self._cuts:
+            if self._terms is None:
+                self._terms = recall_terms(self.query)
+            self._cuts[k, free] = _excerpt(self.items[k][0].messages[0], self._terms, free, self.measure)
+        return self._cuts[k, free]
+
+
+def _pick(pool: _Pool, dropped: set[int], room: int, note_estimate: int) -> list[tuple[int, Recalled]]:
+    """Recall's picks from ``pool`` (best first, with their costs) but the ``dropped`` ones,
+    within ``room`` less ``note_estimate``, each with its index in the pool."""
     picked: list[tuple[int, Recalled]] = []
     spent = 0
     taken: set[int] = set()  # sequences already recalled (a call and its result both match)
     spans: list[tuple[int, int]] = []
     said: set[str] = set()  # texts of the plain messages recalled: a repeat adds nothing
-    done = [k in dropped for k in range(len(eligible))]
+    done = [k in dropped for k in range(len(pool.items))]
     # First what adds something new; then, in room still left, what repeats part of a pick (a
     # message of a recalled summary's topic keeps details the summary left out).
-    terms: frozenset[str] | None = None
     tries = EXCERPT_TRIES
     for distinct in (True, False):
-        for k, (cand, cost) in enumerate(eligible):
+        for k, (cand, cost) in enumerate(pool.items):
             if done[k]:
                 continue
             free = room - spent - note_estimate
@@ -964,20 +993,21 @@ def _pick(
                 not distinct or free < EXCERPT_MIN_TOKENS or not tries or not _excerptable(cand)
             ):
                 continue
-            if distinct and any(cand.first <= hi and lo <= cand.last for lo, hi in spans):
+            first, last = span = pool.spans[k]
+            if distinct and any(first <= hi and lo <= last for lo, hi in spans):
                 continue
-            if any(m.sequence in taken for m in cand.messages):
+            seqs = pool.seqs[k]
+            if seqs and not taken.isdisjoint(seqs):
                 continue
             # The same words again ("can I change the colour?" asked six times) take room that a
             # message saying something else could have: one copy is recalled.
-            text = _said(cand)
+            text = pool.said(k)
             if text is not None and text in said:
                 continue
             if not whole:
-                if terms is None:
-                    terms = recall_terms(query)
                 tries -= 1
-                cut = _excerpt(cand.messages[0], terms, free, measure)
+                # An excerpt keeps its message's sequence: the span and sequences stay.
+                cut = pool.excerpt(k, free)
                 if cut is None:
                     continue
                 cand, cost = replace(cand, messages=(cut,)), cut.token_count
@@ -985,8 +1015,8 @@ def _pick(
             picked.append((k, cand))
             if text is not None:
                 said.add(text)
-            spans.append((cand.first, cand.last))
-            taken.update(m.sequence for m in cand.messages)
+            spans.append(span)
+            taken.update(seqs)
             spent += cost
     return picked
 
