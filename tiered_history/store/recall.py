@@ -59,6 +59,12 @@ LINEAGES = 1024
 #: Rows with more characters than this (their text columns together) are read every time, so the
 #: rows kept stay small (about 1 MB for chat-sized messages, tens of MB at the very worst).
 CACHED_ROW_CHARS = 8192
+#: SQLite: conversations whose newest messages (at most :data:`RECENT_SCAN`, split into words) a
+#: store keeps, for bringing kept lists up to date without splitting them again at every reply.
+RECENT_CONVERSATIONS = 32
+#: SQLite: the newest messages kept per conversation hold at most this many characters in all
+#: (split into words, about 10 bytes a character: 350 KB at most, 11 MB for all conversations).
+RECENT_CHARS = 32768
 
 Group = tuple[str, ...]
 #: The occurrences of each query group in the texts of some candidates, by candidate id.
@@ -129,6 +135,11 @@ class Candidates:
         return out
 
 
+#: A message as :meth:`~.sql.SQLStore._fts_new_messages` reads it: id, sequence, length (FTS5's),
+#: its words counted (``None``: not a plain text, which only FTS5 may split) and its characters.
+RecentRow = tuple[int, int, int, Counter[str] | None, int]
+
+
 def candidates(
     cap: int, upto: Any, rows: Sequence[tuple[int, int, int, int]], found: int, after: int = 0
 ) -> Candidates:
@@ -196,6 +207,16 @@ class CandidateCache:
         self._lru: Lru[Candidates] = Lru(size)
         self._rows: Lru[Any] = Lru(rows)
         self._lineage: Lru[str] = Lru(LINEAGES)
+        self._recent: Lru[Mapping[int, RecentRow]] = Lru(RECENT_CONVERSATIONS)
+
+    def recent(self, conversation: str) -> Mapping[int, RecentRow] | None:
+        """The newest messages of ``conversation`` as :meth:`keep_recent` was given them, by sequence."""
+        return self._recent.get(conversation)
+
+    def keep_recent(self, conversation: str, rows: Mapping[int, RecentRow]) -> None:
+        """Keep a conversation's newest messages as split (SQLite: messages never change; a
+        conversation made again has another key)."""
+        self._recent.put(conversation, rows)
 
     def lineage(self, conversation: str, key: Any) -> str:
         """Under what a conversation's summary rows are kept at search key ``key``: the oldest key
@@ -236,6 +257,7 @@ class CandidateCache:
         self._lru.drop(lambda key: key.startswith(f"{conv}:"))
         self._rows.drop(lambda key: key.startswith(f"{conv}:"))
         self._lineage.drop(lambda key: key.startswith(f"{conv}:"))
+        self._recent.drop(lambda key: key.startswith(f"{conv}:"))
 
 
 def collection(

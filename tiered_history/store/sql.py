@@ -54,12 +54,14 @@ from .memory import ADDITIVE
 from .recall import (
     CACHED_ROW_CHARS,
     CANDIDATES_PER_WORD,
+    RECENT_CHARS,
     RECENT_SCAN,
     SMALL_CONVERSATION,
     SMALL_SCAN,
     CandidateCache,
     Candidates,
     Group,
+    RecentRow,
     by_word,
     candidates,
     collection,
@@ -1239,29 +1241,50 @@ class SQLStore:
         }
         if not since:
             return {}
-        cur.execute(self.q.fts_new_messages, {"conv": at.conv, "after": min(since.values()), "last": at.last})
-        rows = cur.fetchall()
-        if not all(_plain(r[3]) for r in rows):
+        lo = min(since.values())
+        new = self._recent_messages(cur, at, lo)
+        if any(tally is None for _, _, _, tally, _ in new):
             return {}
         # The newest message's id: where FTS5 would look after, next time (0: there is none).
-        after = int(rows[0][0]) if rows and rows[0][1] == at.last else 0
-        # Each text split once (a plain text splits as FTS5 splits it): a search looks up many
-        # words in every row, which finding each on its own would cost more.
-        new = [(r[0], r[1], _first_varint(r[2]), Counter(words(r[3]))) for r in rows]
+        after = new[0][0] if new and new[0][1] == at.last else 0
         fresh: dict[Group, Candidates] = {}
         for g, upto in since.items():
             found = []
             word = g[0]
-            for i, seq, dl, tally in new:
+            for i, seq, dl, tally, _ in new:
                 if seq <= upto:
                     break
-                tf = tally.get(word, 0)
+                tf = tally.get(word, 0) if tally is not None else 0
                 if tf:
                     found.append((i, seq, dl, tf))
             fresh[g] = _extended(
                 stale.pop(g), candidates(at.cap, at.upto, found[: at.cap], len(found), after)
             )
         return fresh
+
+    def _recent_messages(self, cur: Any, at: _Search, lo: int) -> list[RecentRow]:
+        """SQLite: the conversation's messages after sequence ``lo`` (up to ``at.last``), newest
+        first, each text split once (a plain text splits as FTS5 splits it: a search looks up many
+        words in every row, which finding each on its own would cost more). Those split by an
+        earlier search (the newest ones, kept: messages never change) are not split again."""
+        cur.execute(self.q.fts_new_messages, {"conv": at.conv, "after": lo, "last": at.last})
+        rows = cur.fetchall()
+        kept = self._recall.recent(at.conversation) or {}
+        out: list[RecentRow] = []
+        for r in rows:
+            found = kept.get(r[1])
+            out.append(found if found is not None and found[0] == r[0] else _split_row(r))
+        # The newest kept for the next replies (those read now and before): as far back as a list
+        # brought up to date this way reaches, within a few dozen KB of text.
+        keep: dict[int, RecentRow] = {}
+        chars, floor = 0, at.last - RECENT_SCAN
+        for row in sorted({**kept, **{row[1]: row for row in out}}.values(), key=_by_seq, reverse=True):
+            chars += row[4]
+            if row[1] <= floor or chars > RECENT_CHARS:
+                break
+            keep[row[1]] = row
+        self._recall.keep_recent(at.conversation, keep)
+        return out
 
     def _fts_few_summaries(
         self, cur: Any, at: _Search, stale: dict[Group, Candidates | None]
@@ -1814,6 +1837,23 @@ def _seq(m: StoredMessage) -> int:
 #: both take for separators (punctuation common in replies: dashes, quotes, ellipsis, bullet).
 _PLAIN_EXTRA = "\u2013\u2014\u2018\u2019\u201c\u201d\u2022\u2026"
 _PLAIN = re.compile(f"[\\x01-\\x7f{_PLAIN_EXTRA}]*")
+
+
+def _by_seq(row: RecentRow) -> int:
+    return row[1]
+
+
+def _split_row(r: Sequence[Any]) -> RecentRow:
+    """A row (id, sequence, docsize, text) as :data:`~.recall.RecentRow`: a plain text split into
+    words and counted, another not (only FTS5 may split it)."""
+    text = r[3]
+    return (
+        int(r[0]),
+        int(r[1]),
+        _first_varint(r[2]),
+        Counter(words(text)) if _plain(text) else None,
+        len(text),
+    )
 
 
 def _plain(text: str) -> bool:
