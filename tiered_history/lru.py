@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -27,6 +27,17 @@ class Lru(Generic[V]):
                 return None
             self._items.move_to_end(key)
             return value
+
+    def get_each(self, keys: Iterable[str]) -> list[V | None]:
+        """:meth:`get` of each key, under one lock (a search looks up dozens of rows)."""
+        with self._lock:
+            items, out = self._items, []
+            for key in keys:
+                value = items.get(key)
+                if value is not None:
+                    items.move_to_end(key)
+                out.append(value)
+            return out
 
     def put(self, key: str, value: V, keep_old: Callable[[V], bool] | None = None) -> None:
         """Store ``value`` (not when ``keep_old`` says the entry there should stay)."""

@@ -16,6 +16,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .core.assembly import Recalled, Rows, Shares, assemble, group_units, returned_topic
@@ -999,13 +1000,12 @@ class ReplyPath:
         rows = Rows(
             pinned=pinned,
             recent=recent,
+            # What the messages counted again add (their differences, summed in C: a message
+            # kept as stored differs by nothing).
             end_position=(
-                sum(m.token_count for m in recent)
+                sum(map(_TOKENS, recent))
                 if recount
-                else state.context_tokens
-                + sum(
-                    f.token_count - m.token_count for m, f in zip(window, recent, strict=True) if f is not m
-                )
+                else state.context_tokens + sum(map(_TOKENS, recent)) - sum(map(_TOKENS, window))
             ),
             topics=topics,
             archives=archives,
@@ -1294,6 +1294,9 @@ def _exported_part(state: ConversationState) -> tuple[object, ...]:
     )
 
 
+_TOKENS = attrgetter("token_count")
+
+
 def _has_media(m: StoredMessage) -> bool:
     return has_media(m.extra.get("content")) if m.extra else False
 
@@ -1302,7 +1305,7 @@ def _media_recounted(
     recount: Callable[[StoredMessage], StoredMessage],
 ) -> Callable[[StoredMessage], StoredMessage]:
     """``recount`` for the messages with media parts, the others as stored."""
-    return lambda m: recount(m) if _has_media(m) else m
+    return lambda m: recount(m) if m.extra and _has_media(m) else m
 
 
 def _recounted_candidate(
@@ -1313,6 +1316,9 @@ def _recounted_candidate(
     if c.summary is not None:
         summary = summ(c.summary)
         return c if summary is c.summary else replace(c, summary=summary)
+    if len(c.messages) == 1:  # most candidates: a plain message
+        m = fix(c.messages[0])
+        return c if m is c.messages[0] else replace(c, messages=(m,))
     messages = tuple(fix(m) for m in c.messages)
     return (
         c if all(a is b for a, b in zip(messages, c.messages, strict=True)) else replace(c, messages=messages)

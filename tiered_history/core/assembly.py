@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cache
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 from ..errors import BudgetTooSmallError
 from ..models import CompressedContext, StoredMessage, Summary
@@ -485,9 +485,9 @@ def assemble(
     topic_limit = held.topics - reserve
     all_archives = _fill("bulk", list(reversed(rows.archives)), bulk_limit, measure)
 
-    suffix = [0] * (len(units) + 1)
-    for i in range(len(units) - 1, -1, -1):
-        suffix[i] = suffix[i + 1] + _cost(units[i])
+    # suffix[i]: the cost of units i on (summed in C: a window is a few hundred units).
+    costs = [u[0].token_count if len(u) == 1 else _cost(u) for u in units]
+    suffix = list(accumulate(reversed(costs), initial=0))[::-1]
 
     # A window starts at a summarised range's first message or after its last: never inside one,
     # where the summary and the messages it covers would both be sent, or neither.
@@ -949,7 +949,11 @@ class _Pool:
     def __init__(self, items: Sequence[tuple[Recalled, int]], query: str, measure: Measure) -> None:
         self.items = items
         self.spans = [(c.first, c.last) for c, _ in items]
-        self.seqs = [[m.sequence for m in c.messages] for c, _ in items]
+        # Most candidates are one message (or a summary: none).
+        self.seqs = [
+            [c.messages[0].sequence] if len(c.messages) == 1 else [m.sequence for m in c.messages]
+            for c, _ in items
+        ]
         self._said: dict[int, str | None] = {}
         self._cuts: dict[tuple[int, int], StoredMessage | None] = {}
         self._terms: frozenset[str] | None = None

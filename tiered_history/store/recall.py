@@ -32,6 +32,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from typing import Any
 
 from ..core.ranking import K1, B, idf
@@ -230,12 +231,9 @@ class CandidateCache:
 
     def rows(self, conversation: str, ids: Iterable[int]) -> dict[int, Any]:
         """The kept rows among ``ids`` of a conversation (as :meth:`keep_row` was given it)."""
-        out: dict[int, Any] = {}
-        for i in ids:
-            found = self._rows.get(f"{conversation}\x1f{i}")
-            if found is not None:
-                out[i] = found
-        return out
+        ids = list(ids)
+        found = self._rows.get_each([f"{conversation}\x1f{i}" for i in ids])
+        return {i: row for i, row in zip(ids, found, strict=True) if row is not None}
 
     def keep_row(self, conversation: str, i: int, row: Any) -> None:
         """Keep a row that cannot change while ``conversation`` names it: a message (which never
@@ -294,13 +292,13 @@ def rank(
     to a row, whatever its count): most lists are of words too common to matter once the rarer
     ones have found their rows, and their rows are then neither bounded, sorted nor counted."""
     coef: dict[Group, float] = {}
-    held: Counter[int] = Counter()  # per candidate: how many of the query groups it holds
     for g, c in lists.items():
         # Below the cap, the matching rows themselves; cut off by it, as many per message as
         # among the messages since its oldest candidate.
         df = c.cap * last / max(last - min(c.rec) + 1, 1) if c.capped and c.rec else len(c.ids)
         coef[g] = weights[g] * idf(n, min(round(df), n))
-        held.update(c.ids)
+    # Per candidate: how many of the query groups it holds (counted in C, one pass).
+    held: Counter[int] = Counter(chain.from_iterable(c.ids for c in lists.values()))
     if not held:
         return []
     r = _Ranking(lists, coef, held, avg, limit, count)
@@ -314,7 +312,7 @@ def rank(
     for g in by_weight[1:]:
         if coef[g] * (K1 + 1.0) * (1.0 + _SLACK) < r.kth:
             break  # this group's rows alone, and the lighter groups', score under the best ``limit``
-        r.visit(r.bound({i for i in lists[g].ids if i not in r.bounds}, [g]))
+        r.visit(r.bound(set(lists[g].ids).difference(r.bounds), [g]))
     return r.result()
 
 
