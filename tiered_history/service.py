@@ -988,7 +988,8 @@ class ReplyPath:
         summ = self._recounted_summary if recount else (lambda x: x)
         # A copy, counted again only when the tokenizer changed (the window is a few hundred rows).
         window = snap.windows[0]
-        recent = [fix(m) for m in window]
+        # Without a new tokenizer only messages with media parts (kept in ``extra``) change.
+        recent = [fix(m) for m in window] if recount else [fix(m) if m.extra else m for m in window]
         topics = [summ(t) for t in snap.summaries[0] if t.content]
         archives = sorted((summ(a) for a in snap.summaries[1] if a.content), key=lambda a: a.first_sequence)
         text = self._query_text(recent, query)

@@ -13,9 +13,12 @@ wait (on a lock, a disk or a network) on a thread pool, and calls of a store tha
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import accumulate
+from operator import attrgetter
 from typing import Protocol, runtime_checkable
 
 from ..core.ranking import Query
@@ -219,13 +222,15 @@ class Store(Protocol):
 
 def newest_window(messages_oldest_first: Sequence[StoredMessage], token_cap: int) -> list[StoredMessage]:
     """The newest messages up to ``token_cap`` tokens, extended to complete a tool unit."""
-    out: list[StoredMessage] = []
-    tokens = 0
-    for m in reversed(messages_oldest_first):
-        if tokens >= token_cap and (not out or out[-1].role != "tool"):
-            break
-        out.append(m)
-        tokens += m.token_count
+    # The newest k messages where k is the first count whose tokens reach the cap (running sums
+    # in C: the window is read on every call), then those a tool unit needs.
+    if token_cap <= 0:
+        return []
+    newest = list(reversed(messages_oldest_first))
+    k = bisect_left(list(accumulate(map(attrgetter("token_count"), newest))), token_cap) + 1
+    while k < len(newest) and newest[k - 1].role == "tool":
+        k += 1
+    out = newest[:k]
     out.reverse()
     return out
 

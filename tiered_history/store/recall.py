@@ -356,11 +356,13 @@ class _Ranking:
         bounds, recency, uncounted = self.bounds, self.recency, self.uncounted
         held, norms, get, k1p1 = self.held, self.norms, self.bounds.get, K1 + 1.0
         new: list[int] = []
+        if wanted is None:
+            wanted = set(held)
         for g in among:
             c = self.lists[g]
             cg, size = self.coef[g], len(g)
             for i, r, dl, tf in zip(c.ids, c.rec, c.dl, c.tf, strict=True):
-                if wanted is not None and i not in wanted:
+                if i not in wanted:
                     continue
                 most = ((dl if dl > 1 else 1) - held[i] + 1) // size
                 if most < 1:

@@ -1183,7 +1183,12 @@ class SQLStore:
                 cur.execute(q.fts_messages_after, {"q": match, "lim": at.cap, "after": old.after})
             rows = cur.fetchall()
             # Summaries: only live ones are candidates, but every row found counts toward the cap.
-            found = [(r[0], r[1], _first_varint(r[2]), 0) for r in rows if not summary or r[3]]
+            # The length inlined where it is one byte (most texts: a call per row costs more).
+            found = [
+                (r[0], r[1], b[0] if (b := r[2]) and b[0] < 0x80 else _first_varint(b), 0)
+                for r in rows
+                if not summary or r[3]
+            ]
             fresh[g] = _extended(old, candidates(at.cap, at.upto, found, len(rows), after))
         return {g: fresh[g] for g in order}
 
