@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tiered_history.core.assembly import (
     Recalled,
@@ -21,6 +23,7 @@ from tiered_history.core.assembly import (
 from tiered_history.core.render import NOTE_SPANS, recall_note
 from tiered_history.core.state import WindowMark
 from tiered_history.models import CompressedContext, StoredMessage, Summary
+from tiered_history.store.base import newest_window
 from tiered_history.tokens import TokenCounter
 
 COUNTER = TokenCounter()
@@ -491,3 +494,44 @@ def test_beside_a_newest_tool_unit_too_large_for_the_blocks_what_still_fits_of_t
     assert [m.sequence for m in ctx.current_topic] == [101, 102]
     assert ctx.bulk_archives == [archive]
     assert ctx.total_tokens <= BUDGET
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.sampled_from(["user", "assistant", "tool"])), max_size=30),
+    st.integers(-5, 400),
+)
+def test_the_newest_window_is_the_newest_messages_up_to_the_cap_and_their_tool_unit(
+    spec: list[tuple[int, str]], cap: int
+) -> None:
+    """The window read: newest first, messages are taken while fewer tokens than the cap are
+    taken, and past it while the oldest taken is a tool result (its call comes too)."""
+    msgs = [replace(message(i, "x", role), token_count=n) for i, (n, role) in enumerate(spec, 1)]
+    out: list[StoredMessage] = []
+    tokens = 0
+    for m in reversed(msgs):
+        if tokens >= cap and (not out or out[-1].role != "tool"):
+            break
+        out.append(m)
+        tokens += m.token_count
+    assert newest_window(msgs, cap) == out[::-1]
+
+
+@given(st.lists(st.sampled_from(["user", "assistant", "call", "tool"]), max_size=20))
+def test_units_group_each_call_with_its_results(roles: list[str]) -> None:
+    """Every message its own unit but a call with its results; results without their call and
+    calls left unanswered (but the newest) are left out: with tool messages or without."""
+    msgs = []
+    for i, role in enumerate(roles, 1):
+        m = message(i, f"m{i}", "assistant" if role == "call" else role)
+        if role == "call":
+            m = replace(m, tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f"}}])
+        elif role == "tool":
+            m = replace(m, tool_call_id=f"c{i - 1}")
+        msgs.append(m)
+    units = group_units(msgs)
+    seqs = [m.sequence for u in units for m in u]
+    assert seqs == sorted(set(seqs))
+    for u in units:
+        assert len(u) == 1 or (u[0].tool_calls and all(m.role == "tool" for m in u[1:]))
+    if not any(m.role == "tool" or m.tool_calls for m in msgs):
+        assert units == [[m] for m in msgs]
