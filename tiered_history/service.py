@@ -16,7 +16,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
+from operator import is_
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .core.assembly import Recalled, Rows, Shares, assemble, group_units, returned_topic
@@ -1001,12 +1001,20 @@ class ReplyPath:
         rows = Rows(
             pinned=pinned,
             recent=recent,
-            # What the messages counted again add (their differences, summed in C: a message
-            # kept as stored differs by nothing).
+            # What the messages counted again add: usually none is (compared in C).
             end_position=(
-                sum(map(_TOKENS, recent))
+                sum(m.token_count for m in recent)
                 if recount
-                else state.context_tokens + sum(map(_TOKENS, recent)) - sum(map(_TOKENS, window))
+                else state.context_tokens
+                + (
+                    0
+                    if all(map(is_, recent, window))
+                    else sum(
+                        f.token_count - m.token_count
+                        for m, f in zip(window, recent, strict=True)
+                        if f is not m
+                    )
+                )
             ),
             topics=topics,
             archives=archives,
@@ -1293,9 +1301,6 @@ def _exported_part(state: ConversationState) -> tuple[object, ...]:
         state.channel,
         state.users,
     )
-
-
-_TOKENS = attrgetter("token_count")
 
 
 def _has_media(m: StoredMessage) -> bool:

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cache
 from itertools import accumulate, pairwise
-from operator import attrgetter
 
 from ..errors import BudgetTooSmallError
 from ..models import CompressedContext, StoredMessage, Summary
@@ -224,9 +223,6 @@ def group_units(
     paging, and calls abandoned without results. Only the newest unit may still await results
     (the bot is running the tools right now), unless ``open_end`` is false (a sealed range).
     """
-    if "tool" not in map(_ROLE, messages_oldest_first) and not any(map(_CALLS, messages_oldest_first)):
-        # Most windows hold no tool call at all (checked in C): a unit per message.
-        return [[m] for m in messages_oldest_first]
     units: list[list[StoredMessage]] = []
     awaiting: dict[int, set[str]] = {}  # unit index -> ids of its calls not answered yet
     pending: set[str] = set()
@@ -246,11 +242,6 @@ def group_units(
     if not any(ids for i, ids in awaiting.items() if i != last):
         return units
     return [u for i, u in enumerate(units) if i == last or not awaiting.get(i)]
-
-
-_ROLE = attrgetter("role")
-_CALLS = attrgetter("tool_calls")
-_TOKENS = attrgetter("token_count")
 
 
 def _cost(unit: Sequence[StoredMessage]) -> int:
@@ -496,8 +487,8 @@ def assemble(
 
     # suffix[i]: the cost of units i on (summed in C: a window is a few hundred units).
     costs: list[int]
-    if len(units) == len(rows.recent):  # a unit per message (no tool unit): their costs in C
-        costs = list(map(_TOKENS, rows.recent))
+    if len(units) == len(rows.recent):  # a unit per message (no tool unit): its own cost
+        costs = [m.token_count for m in rows.recent]
     else:
         costs = [u[0].token_count if len(u) == 1 else _cost(u) for u in units]
     suffix = list(accumulate(reversed(costs), initial=0))[::-1]

@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import accumulate
-from operator import attrgetter
 from typing import Protocol, runtime_checkable
 
 from ..core.ranking import Query
@@ -227,7 +226,7 @@ def newest_window(messages_oldest_first: Sequence[StoredMessage], token_cap: int
     if token_cap <= 0:
         return []
     newest = list(reversed(messages_oldest_first))
-    k = bisect_left(list(accumulate(map(attrgetter("token_count"), newest))), token_cap) + 1
+    k = bisect_left(list(accumulate([m.token_count for m in newest])), token_cap) + 1
     while k < len(newest) and newest[k - 1].role == "tool":
         k += 1
     out = newest[:k]

@@ -342,6 +342,8 @@ class _Ranking:
         # The best so far as (-score, -recency, -id): sorted as plain tuples, best and newest first.
         self.best: list[tuple[float, int, int]] = []
         self.pending: list[int] = []
+        #: Each list with its group, weight, group size and row positions (made at the first count).
+        self.columns: list[tuple[Group, Candidates, float, int, dict[int, int]]] | None = None
         self.kth = float("-inf")
         self.step = max(limit // 2, 8)  # texts counted a few at a time: each costs
 
@@ -408,20 +410,26 @@ class _Ranking:
             if self.count is None:
                 raise ValueError("occurrences left uncounted and nothing to count them with")
             counted = self.count(pending)
-            exact = dict.fromkeys(pending, 0.0)
-            for g, c in self.lists.items():
-                cg, size, at = self.coef[g], len(g), c.positions()
-                for i in pending:
+            if self.columns is None:
+                self.columns = [(g, c, self.coef[g], len(g), c.positions()) for g, c in self.lists.items()]
+            norms, recency = self.norms, self.recency
+            for i in pending:
+                tf_of = counted.get(i)
+                # Summed over its lists in their order, up to the last of the ``held[i]`` holding it.
+                score, left = 0.0, held[i]
+                for g, c, cg, size, at in self.columns:
                     j = at.get(i)
                     if j is None:
                         continue
-                    tf_of = counted.get(i)
                     c.tf[j] = tf = max(tf_of(g), 1) if tf_of is not None else 1
                     # Bounded by the index's own length of the row (its word split may differ).
                     dl = c.dl[j]
                     t = min(tf, max(((dl if dl > 1 else 1) - held[i] + 1) // size, 1))
-                    exact[i] += cg * t * k1p1 / (t + self.norms[dl])
-            best.extend((-score, -self.recency[i], -i) for i, score in exact.items())
+                    score += cg * t * k1p1 / (t + norms[dl])
+                    left -= 1
+                    if not left:
+                        break
+                best.append((-score, -recency[i], -i))
             pending.clear()
         best.sort()
         del best[self.limit :]
