@@ -17,6 +17,8 @@ from enum import Enum
 from json.encoder import encode_basestring as _encode_string
 from typing import Any
 
+from .cohesion import json_string
+
 #: ``due_at`` of a conversation whose maintenance work is due now, whatever clock asks.
 DUE_NOW = datetime(1970, 1, 1, tzinfo=UTC)
 #: How many of the newest messages the state remembers one by one (for cuts a few messages back).
@@ -375,7 +377,7 @@ class ConversationState:
             f'"calls":[{",".join([q(c) for c in self.open_tool_calls])}],'
             f'"clean_seq":{self.last_clean_seq},"clean":{_span(self.clean)},"tail":{_span(self.tail)},'
             f'"recent":[{",".join([_encoded(r) for r in self.recent])}],'
-            f'"detector":{_opt(self.detector)},'
+            f'"detector":{"null" if self.detector is None else json_string(self.detector)},'
             f'"last_seal":{"null" if seal is None else _seal(seal)},'
             f'"topics":{self.topic_count},"archives":{self.archive_count},'
             f'"summarized":{self.summarized_upto},"merged":{self.topics_merged_upto},'

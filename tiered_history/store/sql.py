@@ -116,14 +116,6 @@ class Statements:
             "UPDATE conversations SET version = :version, platform = :platform, updated_at = :updated_at, "
             "due_at = :due_at, state = :state WHERE id = :id AND version = :expect RETURNING key, lease_owner"
         )
-        # The same update of a row whose key is known (SQLite: RETURNING costs more than the update
-        # itself; ``rowcount`` says whether it matched). Naming the id too, a key kept from before
-        # the conversation was deleted and made again matches nothing: the caller falls back to
-        # the statement above.
-        self.update_conversation_at = s(
-            "UPDATE conversations SET version = :version, platform = :platform, updated_at = :updated_at, "
-            "due_at = :due_at, state = :state WHERE key = :key AND id = :id AND version = :expect"
-        )
         self.insert_message = s(
             "INSERT INTO messages (conv, seq, role, created_at, tokens, full_tokens, pinned, pin_key, "
             "content, wire, meta) VALUES (:conv, :seq, :role, :created_at, :tokens, :full_tokens, "
@@ -163,6 +155,21 @@ class Statements:
         else:
             # SQLite has no data-modifying WITH; its statements cost no round trip.
             self.append_one = self.append = None
+        # SQLite, the two statements of every message's write, with positional parameters (sqlite3
+        # binds a named one by making its name a string and looking it up in the dict, every time).
+        # The update of a row whose key is known (RETURNING costs more than the update itself;
+        # ``rowcount`` says whether it matched). Naming the id too, a key kept from before the
+        # conversation was deleted and made again matches nothing: the caller falls back to
+        # ``update_conversation``.
+        self.update_conversation_at_row = (
+            "UPDATE conversations SET version = ?, platform = ?, updated_at = ?, due_at = ?, state = ? "
+            "WHERE key = ? AND id = ? AND version = ?"
+        )
+        # And ``insert_message``, its columns in order.
+        self.insert_message_row = (
+            "INSERT INTO messages (conv, seq, role, created_at, tokens, full_tokens, pinned, pin_key, "
+            "content, wire, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
         self.pinned = s(f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq {self.in_list}")
         self.window = s(
             f"SELECT {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND seq > :lo AND seq <= :hi "
@@ -1504,7 +1511,9 @@ class SQLStore:
 
     # -- writes --------------------------------------------------------------------------------
 
-    def _state_params(self, conversation_id: str, st: ConversationState) -> dict[str, Any]:
+    def _state_params(
+        self, conversation_id: str, st: ConversationState, body: str | None = None
+    ) -> dict[str, Any]:
         return {
             "id": conversation_id,
             "version": st.version,
@@ -1513,45 +1522,73 @@ class SQLStore:
             "created_at": self._ts(st.created_at),
             "updated_at": self._ts(st.updated_at),
             "due_at": self._ts(st.due_at),
-            "state": st.body(),
+            "state": st.body() if body is None else body,
         }
 
     def _write(self, cur: Any, conversation_id: str, guard: Guard, writes: Writes) -> Committed:
         """Apply ``writes`` inside the open transaction, or raise :class:`_Rollback`."""
         q = self.q
-        params = self._state_params(conversation_id, writes.state)
-        if writes.create:
+        st = writes.state
+        known = (
+            self._keys.get(conversation_id)
+            if self._sqlite and guard.lease_owner is None and not writes.create
+            else None
+        )
+        body: str | None = None
+        if known is not None:
+            # The common write (SQLite): the row whose key is known, updated by position.
+            body = st.body()
+            ts = _sqlite_text
+            due = st.due_at
+            cur.execute(
+                q.update_conversation_at_row,
+                (
+                    st.version,
+                    st.platform,
+                    ts(st.updated_at) if st.updated_at is not None else None,
+                    ts(due) if due is not None else None,
+                    body,
+                    known,
+                    conversation_id,
+                    guard.version,
+                ),
+            )
+        if known is not None and cur.rowcount == 1:
+            conv = known
+        elif writes.create:
             if guard.version is not None:
                 raise _Rollback(Outcome.VERSION_CONFLICT)
             # A token of this conversation's life: SQLite gives a row key and message ids freed by
             # a deletion to the next rows, so a conversation deleted and restored (the same id
             # and creation time) elsewhere is told apart by it from what this process kept.
+            params = self._state_params(conversation_id, st, body)
             cur.execute(q.insert_conversation, {**params, "meta": json.dumps({"life": secrets.token_hex(8)})})
             conv = self._keep_key(conversation_id, int(cur.fetchone()[0]))
         else:
+            # The row found by its id: its key is not known here, or names no row of this id (the
+            # conversation was deleted and made again).
+            params = self._state_params(conversation_id, st, body)
             params["expect"] = guard.version
-            known = self._keys.get(conversation_id) if self._sqlite and guard.lease_owner is None else None
-            if known is not None:
-                params["key"] = known
-                cur.execute(q.update_conversation_at, params)
-                del params["key"]
-            if known is not None and cur.rowcount == 1:
-                conv = known
-            else:
-                cur.execute(q.update_conversation, params)
-                row = cur.fetchone()
-                if row is None:
-                    self._classify_miss(cur, conversation_id, guard)
-                    raise _Rollback(Outcome.VERSION_CONFLICT)
-                conv = self._keep_key(conversation_id, int(row[0]))
-                if guard.lease_owner is not None and row[1] != guard.lease_owner:
-                    raise LeaseLostError(conversation_id)
-                if writes.release and guard.lease_owner is not None:
-                    cur.execute(q.release, {"id": conversation_id, "owner": guard.lease_owner})
-        if len(writes.messages) == 1:
-            cur.execute(q.insert_message, self._message_params(conv, writes.messages[0]))
-        elif writes.messages:
-            cur.executemany(q.insert_message, [self._message_params(conv, m) for m in writes.messages])
+            cur.execute(q.update_conversation, params)
+            row = cur.fetchone()
+            if row is None:
+                self._classify_miss(cur, conversation_id, guard)
+                raise _Rollback(Outcome.VERSION_CONFLICT)
+            conv = self._keep_key(conversation_id, int(row[0]))
+            if guard.lease_owner is not None and row[1] != guard.lease_owner:
+                raise LeaseLostError(conversation_id)
+            if writes.release and guard.lease_owner is not None:
+                cur.execute(q.release, {"id": conversation_id, "owner": guard.lease_owner})
+        ms = writes.messages
+        if self._sqlite:
+            if len(ms) == 1:
+                cur.execute(q.insert_message_row, self._message_row(conv, ms[0]))
+            elif ms:
+                cur.executemany(q.insert_message_row, [self._message_row(conv, m) for m in ms])
+        elif len(ms) == 1:
+            cur.execute(q.insert_message, self._message_params(conv, ms[0]))
+        elif ms:
+            cur.executemany(q.insert_message, [self._message_params(conv, m) for m in ms])
         ids: list[int] = []
         for s in writes.summaries:
             cur.execute(q.insert_summary, self._summary_params(conv, s, ids))
@@ -1708,6 +1745,23 @@ class SQLStore:
             "wire": _json(m.wire),
             "meta": _json(m.metadata),
         }
+
+    @staticmethod
+    def _message_row(conv: int, m: NewMessage) -> tuple[Any, ...]:
+        """SQLite: ``_message_params`` in the order of ``insert_message_row``."""
+        return (
+            conv,
+            m.sequence,
+            m.role,
+            _sqlite_text(m.timestamp),
+            m.token_count,
+            m.full_token_count,
+            m.pinned,
+            m.pin_key,
+            m.content,
+            _json(m.wire),
+            _json(m.metadata),
+        )
 
     def _summary_params(self, conv: int, s: NewSummary, ids: Sequence[int]) -> dict[str, Any]:
         parent = ids[s.parent.index] if isinstance(s.parent, NewRef) else s.parent
