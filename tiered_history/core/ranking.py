@@ -62,13 +62,14 @@ def words(text: str) -> list[str]:
     return _WORD_RE.findall(text.lower())
 
 
-#: ``_WORD_RE`` on ASCII text: lower-casing it moves no word boundary there.
-_ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+")
-
-
 def word_count(text: str) -> int:
     """``len(words(text))``, without lower-casing ASCII text (counted on every stored message)."""
-    return len(_ASCII_WORD_RE.findall(text)) if text.isascii() else len(words(text))
+    # ASCII: ``_WORD_RE`` finds the runs of letters and digits (lower-casing moves no boundary
+    # there), and so does split() once every other character is a space, in a quarter less time.
+    return len(text.translate(_NOT_ALNUM).split()) if text.isascii() else len(words(text))
+
+
+_NOT_ALNUM = str.maketrans({c: " " for c in range(128) if not chr(c).isalnum()})  # all but A-Z a-z 0-9
 
 
 @dataclass(frozen=True, slots=True)
