@@ -92,7 +92,8 @@ class Floor:
 
     def __init__(self, db: Database, conv: int) -> None:
         self.sqlite = db.backend == "sqlite"
-        self.counter = TokenCounter("gpt-4o")
+        # The encoding the library counts with by default (cl100k_base): the same work per message.
+        self.counter = TokenCounter()
         self.conv = conv
         # Far above anything the library writes in this conversation, and apart for every floor.
         self.seq = next(_SEQ_BASES)
