@@ -661,3 +661,34 @@ async def test_statements_of_one_form_in_separate_messages_are_not_records() -> 
     # Taken for records of one template, they lost to every assistant line (the later two repeat
     # the first, which is what keeps them out now).
     assert "storage unit is 4821" in text, text
+
+
+def _pasted_document(sentences: int, seed: int = 3) -> str:
+    """Prose of many distinct rare words, as a report or a transcript has (a few common words
+    again and again would lose to the answer anyway)."""
+    rng = random.Random(seed)
+    vocabulary = [
+        "".join(rng.choice("bcdfghklmnprstvz") + rng.choice("aeiou") for _ in range(3)) for _ in range(400)
+    ]
+    return " ".join(
+        " ".join(rng.choice(vocabulary) for _ in range(9)).capitalize() + "." for _ in range(sentences)
+    )
+
+
+@pytest.mark.parametrize("target", [100, 200, 400])
+async def test_a_pasted_document_leaves_room_for_the_answer_about_it(target: int) -> None:
+    """A message past DOCUMENT_TOKENS is data (an article, a transcript): beyond its opening the
+    question and the answer about it outweigh it (before, the document's sentences took the whole
+    summary at every target and the answer was dropped)."""
+    document = _pasted_document(120)
+    assert COUNTER.count(document) > 1000
+    source = msgs(
+        ("user", "Can you read this report and tell me what the inspection decided?\n\n" + document),
+        (
+            "assistant",
+            "The inspection decided to close the copper tunnel until 14 March; Okafor owns the repair.",
+        ),
+    )
+    text = (await ExtractiveSummarizer(COUNTER).summarize(source, target)).text
+    assert "Okafor owns the repair" in text, text
+    assert text.startswith("User: Can you read this report"), text

@@ -22,9 +22,10 @@ training text, whose BPE ranks approximate word frequency, and in the conversati
 document frequencies are given), names, and facts (numbers, dates, links, identifiers), plus a
 bonus for decisions and requirements. Words the summaries before this one already hold (``earlier=``)
 count for less. Records of one template (a pasted log's lines, a tool's rows) count as data: their
-words once, their facts shared among them. Filler and pieces too thin to tell anything are left
-out, room or not. Whatever the input, the result fits ``target_tokens`` and is strictly smaller
-than what it replaces.
+words once, their facts shared among them; so does a pasted document (a message of 1,000 tokens
+or more) past its opening, beside the question and the answer about it. Filler and pieces too
+thin to tell anything are left out, room or not. Whatever the input, the result fits
+``target_tokens`` and is strictly smaller than what it replaces.
 """
 
 from __future__ import annotations
@@ -184,6 +185,8 @@ RECORD_MIN_WORDS = 3
 RECORD_MIN_COPIES = 3
 #: ...and a piece whose words overlap a template's this much (Jaccard) is one of its records too.
 RECORD_SIMILARITY = 0.7
+#: A message of at least this many tokens is a pasted document (see ``ExtractiveSummarizer._units``).
+DOCUMENT_TOKENS = 1000
 #: Worth of a word that is written capitalised inside a sentence somewhere (a name, most likely).
 _PROPER_FACTOR = 1.5
 
@@ -696,6 +699,15 @@ class ExtractiveSummarizer:
             near = [n for t, n in templates[group] if len(shape & t) >= RECORD_SIMILARITY * len(shape | t)]
             if near:
                 records[piece_key] = max(near)
+        # A message this long (its pieces' tokens, each cut at MAX_SENTENCE_TOKENS) is a pasted
+        # document (an article, a transcript, a file): what the people around it said about it
+        # (the question, the answer) is what a later turn needs, so past its first piece it
+        # weighs like a tool's output.
+        size: Counter[int] = Counter()
+        for p, (_, tokens) in zip(raw, texts, strict=True):
+            size[p.group] += tokens
+        documents = {g for g, n in size.items() if n >= DOCUMENT_TOKENS}
+        opened: set[int] = set()
         first: dict[tuple[int, frozenset[str]], int] = {}
         for k, piece_key in enumerate(keys):
             first.setdefault(piece_key, k)
@@ -723,6 +735,8 @@ class ExtractiveSummarizer:
             word_set = set(words)
             covers = shapes[order] | _facts(text, word_set)
             record = keys[order] in records
+            pasted = piece.group in documents and piece.group in opened
+            opened.add(piece.group)
             share = 1.0 / records[keys[order]] if record else 1.0
             weight = _ROLE_WEIGHT.get(piece.role, _UNLABELLED_WEIGHT)
             worth = tuple(
@@ -741,7 +755,7 @@ class ExtractiveSummarizer:
                 worth=worth,
                 filler=all(w in _FILLER for w in words) or _thin(words, covers),
                 # A record is data, whoever pasted it: weighed like a tool's output.
-                weight=min(weight, _ROLE_WEIGHT["tool"]) if record else weight,
+                weight=min(weight, _ROLE_WEIGHT["tool"]) if record or pasted else weight,
                 bonus=_cue_bonus(text, word_set),
                 joined=piece.joined,
                 open_tail=not piece.last and text[-1] not in _TERMINAL,
