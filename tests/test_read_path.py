@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from tiered_history import SyncHistoryCompressor
 from tiered_history.core.ranking import parse_query
 from tiered_history.errors import TransientStoreError
-from tiered_history.store.sql import CANDIDATES_PER_WORD, SQLStore
+from tiered_history.store.sql import CANDIDATES_PER_WORD, SQLStore, _tally
 from tiered_history.testing import ScriptedSummarizer
 
 CID = "cache"
@@ -927,6 +927,50 @@ def test_postgresql_search_cost_does_not_grow_with_matching_rows(pg_url: str) ->
                 raw.close()
             assert len(store.search(cid, parse_query("weather rain report"), 16)) == 16
         assert examined[1] < examined[0] * 1.5, examined
+
+
+def test_pg_a_tsvector_counted_from_its_text_as_unnest_counts_it(pg_url: str) -> None:
+    """The candidate statement's rows are counted by the client (``_tally``) from the tsvector's
+    text: the same length and rarest-word count as taking it apart on the server."""
+    texts = [
+        "weather report: rain, rain and more rain",
+        "Ünïcode café naïve 東京 東京 über 1.5 2,5 it's don't",
+        "x " * 20000,  # positions past 16,383 and more than 256 of one word
+        "",
+        "   ",
+    ]
+    n = "coalesce(array_length(v.positions, 1), 1)"
+    counted = (
+        f"SELECT t::text, (SELECT coalesce(sum({n}), 0) FROM unnest(t) v), "
+        f"(SELECT coalesce(min({n}) FILTER (WHERE v.lexeme = ANY(%(l)s)), 1) FROM unnest(t) v) FROM "
+    )
+    # As migration 0002's generated column makes it.
+    made = (
+        "(SELECT to_tsvector('simple', regexp_replace(regexp_replace(%(t)s, '[^[:alnum:]]+', ' ', 'g'), "
+        "'([[:alnum:]]+)', 'w\\1', 'g')) AS t) q"
+    )
+    with SyncHistoryCompressor(pg_url) as h:
+        store = h.reply.store
+        assert isinstance(store, SQLStore)
+        raw = store.engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            cases: list[tuple[str, dict[str, Any]]] = [
+                (counted + made, {"t": text, "l": lexemes})
+                for text in texts
+                for lexemes in (["wrain"], ["wweather", "wrain"], ["wx"], ["wcafé", "w東京"], ["wnone"])
+            ]
+            # Lexemes without positions, and weights (neither made by the column, both read right).
+            for tsv in ("'wa' 'wb':1,2", "'wa':1A,2B 'wb':3C", "'wa'"):
+                cases.append((counted + "(SELECT %(v)s::tsvector AS t) q", {"v": tsv, "l": ["wa"]}))
+            for sql, params in cases:
+                cur.execute(sql, params)
+                row = cur.fetchone()
+                assert row is not None
+                assert _tally(row[0], params["l"]) == (row[1], row[2]), params
+            raw.rollback()
+        finally:
+            raw.close()
 
 
 def test_a_record_a_busy_database_refused_is_tried_again_on_the_next_call(tmp_path: Path) -> None:
