@@ -25,7 +25,10 @@ from tiered_history.summarizers.base import SummaryInput, SummaryPiece
 LABEL_LINE_RE = re.compile(r'(User|Assistant|System|Tool|Other)(?: "([A-Za-z0-9_-]{1,64})")?: (.+)', re.S)
 HEADER_RE = re.compile(r"\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}–(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}\]")
 _MARKUP_RE = re.compile(r"\{(?:disfmarker|vocalsound|nonvocalsound|gap|pause|comment)\}", re.I)
-_DISFLUENCY_RE = re.compile(r"(?<!\S)(?:um+|uh+|uhm|erm|mm+(?:-?hmm)?|mhm|hm+)(?:\s*,)?(?!\S)", re.I)
+# Not next to a number: "5 mm" is a unit, German "um 14:30" a word; they stay.
+_DISFLUENCY_RE = re.compile(
+    r"(?<!\S)(?<!\d\s)(?:um+|uh+|uhm|erm|mm+(?:-?hmm)?|mhm|hm+)(?:\s*,(?!\S)|(?!\S)(?!\s+\d))", re.I
+)
 _SEGMENT_RE = re.compile(r"…|(?<=[.!?。！？])\s+|(?<=[。！？])")
 _LIST_MARK_RE = re.compile(r"(?:[-*•]|\d+[.)])\s+")
 ROLE_LABELS = {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool"}

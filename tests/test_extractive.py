@@ -692,3 +692,18 @@ async def test_a_pasted_document_leaves_room_for_the_answer_about_it(target: int
     text = (await ExtractiveSummarizer(COUNTER).summarize(source, target)).text
     assert "Okafor owns the repair" in text, text
     assert text.startswith("User: Can you read this report"), text
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("Bring an umbrella: up to 5 mm of rain is expected at 3pm.", "5 mm of rain"),
+        ("Der Termin bei der Zahnärztin ist am Dienstag um 14:30 Uhr.", "um 14:30 Uhr"),
+    ],
+)
+async def test_a_unit_or_word_next_to_a_number_is_no_disfluency(text: str, kept: str) -> None:
+    """A "mm" after a number is millimetres and German "um" before a time means "at": dropped as
+    spoken disfluencies, the summary lost the unit of a measure and changed the quote."""
+    source = msgs(("user", text), ("assistant", "Noted, I added that to your calendar for tomorrow."))
+    summary = (await ExtractiveSummarizer(COUNTER).summarize(source, 100)).text
+    assert kept in summary, summary

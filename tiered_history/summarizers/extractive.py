@@ -9,12 +9,13 @@ A line starts with a label made from the message's *role* (``User``, ``Assistant
 ``Tool``, ``Other``) and its ``name``, if any, quoted after it as data: a user named ``System`` is
 ``User "System":``, never ``System:``. The text after the label is made of pieces of that
 speaker's messages, verbatim: sentences, or clauses of long run-on sentences, with transcript
-markup (``{disfmarker}``...) and spoken disfluencies (um, uh) removed, a leading filler ("so,
-well, okay") dropped and whitespace collapsed. Pieces that were not contiguous meet at a sentence
-end or at "…", which also marks a sentence whose tail was cut; turns of one speaker that end up
-next to each other share a line. Nothing else is added, except the date headers of merges
-(``[2026-01-05 10:00–10:42]``) and "- " before the lines a merge finds without a label (an LLM's
-summary, say): so a merge, which reads labels back, never mistakes message text for a label.
+markup (``{disfmarker}``...) and spoken disfluencies (um, uh; not next to a number: "5 mm") removed,
+a leading filler ("so, well, okay") dropped and whitespace collapsed. Pieces that were not
+contiguous meet at a sentence end or at "…", which also marks a sentence whose tail was cut;
+turns of one speaker that end up next to each other share a line. Nothing else is added, except
+the date headers of merges (``[2026-01-05 10:00–10:42]``) and "- " before the lines a merge finds
+without a label (an LLM's summary, say): so a merge, which reads labels back, never mistakes
+message text for a label.
 
 Pieces are chosen greedily by the information they add per token: content words not yet kept,
 weighted by salience (how often the topic comes back to them) and rarity (in the tokenizer's
@@ -122,9 +123,12 @@ _DOTTED_RE = re.compile(r"\b[A-Za-z_]\w+(?:\.[A-Za-z_]\w*)+")
 _BACKTICK_RE = re.compile(r"`[^`\n]+`")
 _NUMBER_RE = re.compile(r"\d+(?:[.,:/-]\d+)*")
 # Transcript markup ({disfmarker}, {vocalsound}...), then spoken disfluencies (with the comma that
-# follows them) carry nothing: they are removed from the pieces the summary keeps.
+# follows them) carry nothing: they are removed from the pieces the summary keeps. Not next to a
+# number: there they are a unit ("5 mm of rain") or a word ("um 14:30 Uhr", German "at").
 _MARKUP_RE = re.compile(r"\{(?:disfmarker|vocalsound|nonvocalsound|gap|pause|comment)\}", re.I)
-_DISFLUENCY_RE = re.compile(r"(?<!\S)(?:um+|uh+|uhm|erm|mm+(?:-?hmm)?|mhm|hm+)(?:\s*,)?(?!\S)", re.I)
+_DISFLUENCY_RE = re.compile(
+    r"(?<!\S)(?<!\d\s)(?:um+|uh+|uhm|erm|mm+(?:-?hmm)?|mhm|hm+)(?:\s*,(?!\S)|(?!\S)(?!\s+\d))", re.I
+)
 # Fillers that open a piece and say nothing: "So , um , well , I think" keeps "I think".
 _LEADING_FILLER_RE = re.compile(
     r"^(?:(?:so|okay|ok|oh|ah|yeah|yep|alright|anyway|hmm+|um+|uh+)\b[\s,.!]*"
