@@ -707,3 +707,44 @@ async def test_a_unit_or_word_next_to_a_number_is_no_disfluency(text: str, kept:
     source = msgs(("user", text), ("assistant", "Noted, I added that to your calendar for tomorrow."))
     summary = (await ExtractiveSummarizer(COUNTER).summarize(source, 100)).text
     assert kept in summary, summary
+
+
+async def test_the_answer_outweighs_the_question_it_answers() -> None:
+    """A user's question followed by the assistant's answer weighs like the answer, not like the
+    user's own statements: before, a support chat's summary kept the questions ("who should I
+    talk to?") and dropped the name that answered it."""
+    source = msgs(
+        ("user", "hey, who should I talk to about the expense report?"),
+        ("assistant", "Talk to Priyanka in finance, she handles all expense approvals."),
+        ("user", "ok, and what's the limit for a team dinner?"),
+        ("assistant", "The limit for team dinners is $60 per person, including tips."),
+        ("user", "cool thx"),
+    )
+    text = (await ExtractiveSummarizer(COUNTER).summarize(source, 40)).text
+    assert "Talk to Priyanka in finance" in text, text
+    assert "$60 per person" in text, text
+
+
+async def test_a_tool_call_leaves_room_for_the_conclusion() -> None:
+    """The question, a tool's JSON, then the assistant's conclusion: the conclusion is kept (before,
+    the question and a fragment of the JSON took the whole summary)."""
+    forecast = ", ".join(
+        f'{{"hour": {h}, "temp_c": {t}, "precip_mm": {p}, "wind_kmh": {w}}}'
+        for h, t, p, w in ((9, 14, 0.0, 12), (12, 17, 2.4, 18), (15, 16, 5.1, 22), (18, 13, 1.2, 15))
+    )
+    call = '{"name": "get_weather", "arguments": "{\\"city\\": \\"Lisbon\\", \\"date\\": \\"2026-01-06\\"}"}'
+    source = msgs(
+        ("user", "What's the weather in Lisbon tomorrow? Should I bring an umbrella?"),
+        ("assistant", f'{{"tool_calls": [{{"id": "call_1", "type": "function", "function": {call}}}]}}'),
+        (
+            "tool",
+            f'{{"city": "Lisbon", "date": "2026-01-06", "forecast": [{forecast}], "summary": "showers"}}',
+        ),
+        (
+            "assistant",
+            "Yes, bring an umbrella: showers are expected in Lisbon tomorrow afternoon, with up to "
+            "5 mm of rain around 3pm and highs of 17°C.",
+        ),
+    )
+    text = (await ExtractiveSummarizer(COUNTER).summarize(source, 40)).text
+    assert "bring an umbrella: showers are expected" in text, text

@@ -24,7 +24,8 @@ document frequencies are given), names, and facts (numbers, dates, links, identi
 bonus for decisions and requirements. Words the summaries before this one already hold (``earlier=``)
 count for less. Records of one template (a pasted log's lines, a tool's rows) count as data: their
 words once, their facts shared among them; so does a pasted document (a message of 1,000 tokens
-or more) past its opening, beside the question and the answer about it. Filler and pieces too
+or more) past its opening, beside the question and the answer about it. The user's words weigh
+most, bar a question the assistant answers: it weighs like the answer. Filler and pieces too
 thin to tell anything are left out, room or not. Whatever the input, the result fits
 ``target_tokens`` and is strictly smaller than what it replaces.
 """
@@ -78,6 +79,7 @@ _MAX_CHARS_PER_TOKEN = 128
 
 _ROLE_LABELS = {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 _OTHER_LABEL = "Other"
+_QUESTION_MARKS = "?？؟"
 _ROLE_WEIGHT = {"user": 1.5, "assistant": 1.0, "system": 0.9, "tool": 0.5}
 #: Lines of a merge's input that carry no label of ours (an LLM's summary): kept as "- " items.
 _UNLABELLED_WEIGHT = 0.9
@@ -725,6 +727,7 @@ class ExtractiveSummarizer:
         for word in {w.lower().replace("’", "'") for t, _ in texts for w in _PROPER_RE.findall(t)}:
             if word in relevance:
                 relevance[word] *= _PROPER_FACTOR
+        roles = {p.group: p.role for p in raw}
         units: list[_Unit] = []
         seen: set[str] = set()
         line_costs: dict[str, int] = {}
@@ -743,6 +746,15 @@ class ExtractiveSummarizer:
             opened.add(piece.group)
             share = 1.0 / records[keys[order]] if record else 1.0
             weight = _ROLE_WEIGHT.get(piece.role, _UNLABELLED_WEIGHT)
+            filler = all(w in _FILLER for w in words) or _thin(words, covers)
+            opener = boost_opener and piece.role == "user" and not filler
+            asks = text[-1] in _QUESTION_MARKS and roles.get(piece.group + 1) == "assistant"
+            if asks and not (opener and piece.group in documents):
+                # A question tells a later turn less than the answer that follows it: a user's
+                # questions at their own weight kept every question of a Q&A and dropped the answers
+                # ("who should I ask?" kept, "ask Priyanka" not). Bar the request that opens a pasted
+                # document: beside its answer, it alone says what the document was.
+                weight = min(weight, _ROLE_WEIGHT["assistant"])
             worth = tuple(
                 (item, share * _FACT_WEIGHT[item[1 : item.index(":")]] if item[0] == "#" else relevance[item])
                 for item in sorted(covers)
@@ -757,14 +769,14 @@ class ExtractiveSummarizer:
                 tokens=tokens,
                 words=covers,
                 worth=worth,
-                filler=all(w in _FILLER for w in words) or _thin(words, covers),
+                filler=filler,
                 # A record is data, whoever pasted it: weighed like a tool's output.
                 weight=min(weight, _ROLE_WEIGHT["tool"]) if record or pasted else weight,
                 bonus=_cue_bonus(text, word_set),
                 joined=piece.joined,
                 open_tail=not piece.last and text[-1] not in _TERMINAL,
             )
-            if boost_opener and piece.role == "user" and not unit.filler:
+            if opener:
                 # The first thing the user says usually states what the topic is about.
                 unit, boost_opener = replace(unit, bonus=unit.bonus + 1.0), False
             units.append(unit)
