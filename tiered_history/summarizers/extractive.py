@@ -714,14 +714,11 @@ class ExtractiveSummarizer:
             size[p.group] += tokens
         documents = {g for g, n in size.items() if n >= DOCUMENT_TOKENS}
         opened: set[int] = set()
-        first: dict[tuple[int, frozenset[str]], int] = {}
-        for k, piece_key in enumerate(keys):
-            first.setdefault(piece_key, k)
-        relevance = _relevance(
-            self.counter,
-            Counter(w for k, pk in enumerate(keys) if pk not in records or first[pk] == k for w in pk[1]),
-            vocabulary,
-        )
+        # Salience counts a record's words once (its first copy), every other piece's each time.
+        counted = [pk for pk in keys if pk not in records] + [
+            pk for pk in dict.fromkeys(keys) if pk in records
+        ]
+        relevance = _relevance(self.counter, Counter(w for pk in counted for w in pk[1]), vocabulary)
         for word in said.intersection(relevance):
             relevance[word] *= EARLIER_FACTOR
         for word in {w.lower().replace("’", "'") for t, _ in texts for w in _PROPER_RE.findall(t)}:
