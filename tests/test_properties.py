@@ -96,6 +96,7 @@ tool_op = st.tuples(
     st.integers(1, 3),  # calls
     st.lists(sizes, min_size=3, max_size=3),  # result sizes
     st.sampled_from([False, False, False, True]),  # unfinished: the next turn abandons the open calls
+    st.sampled_from([False, False, True]),  # legacy: one OpenAI function_call and its role "function" result
 )
 seal_op = st.just(("seal",))
 maintain_op = st.tuples(st.just("maintain"), st.sampled_from([1, 5, 40, 120]), st.booleans())
@@ -137,7 +138,7 @@ async def run_script(hc: HistoryCompressor, script: Script, ops: list[tuple[Any,
     script.added = {a: [], b: []}
     pinned = 0
 
-    async def add(cid: str, msg: Message) -> None:
+    async def add(cid: str, msg: Message | dict[str, Any]) -> None:
         script.added[cid].append(await hc.add_message(cid, msg))
 
     def tick(minutes: float) -> datetime:
@@ -169,24 +170,33 @@ async def run_script(hc: HistoryCompressor, script: Script, ops: list[tuple[Any,
             content = f"PINNED {i} " + text_of(rng, A_TAG, i, size)
             await add(a, Message(role=role, content=content, pinned=True, timestamp=tick(1)))
         elif kind == "tools":
-            _, n_calls, result_sizes, unfinished = op
-            calls = [
-                {
-                    "id": f"call_{i}_{j}",
-                    "type": "function",
-                    "function": {"name": f"tool_{j}", "arguments": json.dumps({"q": i, "j": j})},
-                }
-                for j in range(n_calls)
-            ]
+            _, n_calls, result_sizes, unfinished, *legacy = op  # (the explicit examples have no flag)
             preface = rng.choice(["", f"{A_TAG} calling tools {i}"])
-            await add(a, Message(role="assistant", content=preface, tool_calls=calls, timestamp=tick(1)))
-            answered = rng.randint(0, n_calls - 1) if unfinished else n_calls
-            for j in range(answered):
-                content = text_of(rng, A_TAG, i, result_sizes[j])
-                msg = Message(
-                    role="tool", content=content, tool_call_id=f"call_{i}_{j}", timestamp=tick(1 / 60)
-                )
-                await add(a, msg)
+            if any(legacy):
+                call = {"name": f"tool_{i}", "arguments": json.dumps({"q": i})}
+                fc = {"role": "assistant", "content": preface or None, "function_call": call}
+                await add(a, {**fc, "timestamp": tick(1)})
+                if not unfinished:
+                    content = text_of(rng, A_TAG, i, result_sizes[0])
+                    result = {"role": "function", "name": f"tool_{i}", "content": content}
+                    await add(a, {**result, "timestamp": tick(1 / 60)})
+            else:
+                calls = [
+                    {
+                        "id": f"call_{i}_{j}",
+                        "type": "function",
+                        "function": {"name": f"tool_{j}", "arguments": json.dumps({"q": i, "j": j})},
+                    }
+                    for j in range(n_calls)
+                ]
+                await add(a, Message(role="assistant", content=preface, tool_calls=calls, timestamp=tick(1)))
+                answered = rng.randint(0, n_calls - 1) if unfinished else n_calls
+                for j in range(answered):
+                    content = text_of(rng, A_TAG, i, result_sizes[j])
+                    msg = Message(
+                        role="tool", content=content, tool_call_id=f"call_{i}_{j}", timestamp=tick(1 / 60)
+                    )
+                    await add(a, msg)
         elif kind == "seal":
             await hc.seal_current_topic(a)
         elif kind == "maintain":
@@ -213,7 +223,7 @@ def summarized_upto(history: History) -> int:
 def last_unit(messages: list[StoredMessage]) -> list[StoredMessage]:
     """The last message with the tool call it answers and that call's other results so far."""
     start = len(messages) - 1
-    while start > 0 and messages[start].role == "tool":
+    while start > 0 and messages[start].role in ("tool", "function"):
         start -= 1
     return messages[start:] if messages else []
 
@@ -238,7 +248,7 @@ def check_history(history: History, added: list[StoredMessage]) -> None:
     by_seq = {m.sequence: m for m in history.messages}
     for t in history.topics:
         nxt = by_seq.get(t.last_sequence + 1)
-        assert nxt is None or nxt.role != "tool"
+        assert nxt is None or nxt.role not in ("tool", "function")
     # Archives merge consecutive topics or roll up consecutive archives; nothing leaves history.
     for a in history.archives:
         members = sorted(
@@ -266,16 +276,16 @@ def complete_units(messages: list[StoredMessage]) -> list[StoredMessage]:
     unit: list[StoredMessage] = []
     pending: set[str] = set()
     for m in [*messages, None]:
-        if m is not None and m.role == "tool":
-            if unit and str(m.tool_call_id) in pending:
+        if m is not None and (key := _answer(m)) is not None:
+            if unit and key in pending:
                 unit.append(m)
-                pending.discard(str(m.tool_call_id))
+                pending.discard(key)
             continue
         if unit and not pending:
             out.extend(unit)
         if m is not None:
             unit = [m]
-            pending = {str(c["id"]) for c in m.tool_calls} if m.tool_calls else set()
+            pending = _calls(m)
     return out
 
 
@@ -332,7 +342,7 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
         assert window[-1].sequence == newest.sequence
         assert {m.sequence for m in newest_unit(history)} <= set(seqs), "the newest tool unit is incomplete"
     if window:
-        assert window[0].role != "tool"
+        assert window[0].role not in ("tool", "function")
         expected = [m for m in complete_units(unpinned) if m.sequence >= seqs[0]]
         tail = last_unit(unpinned)
         if tail and tail[-1].sequence not in {m.sequence for m in expected}:
@@ -385,16 +395,16 @@ def check_context(ctx: CompressedContext, history: History, max_tokens: int) -> 
         i = 0
         while i < len(part):
             m = part[i]
-            assert m.role != "tool", f"tool result {m.sequence} without its call"
+            assert _answer(m) is None, f"result {m.sequence} without its call"
             i += 1
-            if m.tool_calls:
+            if _calls(m):
                 results = []
-                while i < len(part) and part[i].role == "tool":
-                    results.append(str(part[i].tool_call_id))
+                while i < len(part) and (key := _answer(part[i])) is not None:
+                    results.append(key)
                     i += 1
                 # Only the newest unit may still wait for results: any other must be complete.
                 if part is recalled or m.sequence != last_unit(unpinned)[0].sequence:
-                    assert sorted(results) == sorted(str(c["id"]) for c in m.tool_calls), (
+                    assert sorted(results) == sorted(_calls(m)), (
                         m.sequence,
                         results,
                     )
@@ -462,12 +472,13 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
 
         def matches(x: StoredMessage, wanted: set[str] = wanted) -> bool:
             # (a call's arguments are searchable too)
-            return bool(wanted & set(ranking.words(x.content + " " + json.dumps(x.tool_calls or []))))
+            made = x.tool_calls or x.to_openai().get("function_call") or []
+            return bool(wanted & set(ranking.words(x.content + " " + json.dumps(made))))
 
         for m in ctx.recalled:
             # Its whole tool unit: the call and every result (the match may be in any of them).
-            call = next((x for x in ctx.recalled if m.tool_call_id in _ids(x)), m)
-            unit = [call, *(x for x in ctx.recalled if x.tool_call_id in _ids(call))]
+            call = next((x for x in ctx.recalled if _answer(m) in _calls(x)), m)
+            unit = [call, *(x for x in ctx.recalled if _answer(x) in _calls(call))]
             if m != by_seq[m.sequence]:  # an excerpt: only sentences that match
                 assert wanted & set(ranking.words(m.context_content)), (query, m.context_content)
             if any(matches(x) for x in unit):
@@ -495,10 +506,15 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
         stable = before[: first.recall_start] if first.recall_start is not None else before
         # A newest call still awaiting its results is left out once the user moves on (sent
         # unanswered it is a 400): it alone may leave the prefix.
-        calls = [i for i, m in enumerate(stable) if m.get("tool_calls")]
+        calls = [i for i, m in enumerate(stable) if m.get("tool_calls") or m.get("function_call")]
         if calls:
-            answered = {m.get("tool_call_id") for m in stable[calls[-1] :]}
-            if {c["id"] for c in stable[calls[-1]]["tool_calls"]} - answered:
+            after_call = stable[calls[-1] + 1 :]
+            made = stable[calls[-1]].get("tool_calls")
+            if made:
+                unanswered = {c["id"] for c in made} - {m.get("tool_call_id") for m in after_call}
+            else:
+                unanswered = set() if any(m["role"] == "function" for m in after_call) else {"fn"}
+            if unanswered:
                 stable = stable[: calls[-1]]
         # The window moves between events only when it no longer fits beside the blocks and the
         # recall reserve (which is kept whether or not this turn recalls anything).
@@ -513,8 +529,19 @@ async def check_all(hc: HistoryCompressor, script: Script, budgets: list[int]) -
     return observed
 
 
-def _ids(m: StoredMessage) -> set[str]:
-    return {str(c["id"]) for c in m.tool_calls} if m.tool_calls else set()
+def _calls(m: StoredMessage) -> set[str]:
+    """Ids of the calls ``m`` makes: its tool calls', or its legacy function call's (by name)."""
+    if m.tool_calls:
+        return {str(c["id"]) for c in m.tool_calls}
+    fc = m.to_openai().get("function_call")
+    return {f"fn:{fc['name']}"} if fc else set()
+
+
+def _answer(m: StoredMessage) -> str | None:
+    """The id of the call ``m`` is a result of (a tool's, or a legacy function's by name)."""
+    if m.role == "tool":
+        return str(m.tool_call_id)
+    return f"fn:{m.name}" if m.role == "function" else None
 
 
 def normalise_history(h: History) -> Any:

@@ -22,6 +22,7 @@ from tiered_history.core.assembly import (
 )
 from tiered_history.core.render import NOTE_SPANS, recall_note
 from tiered_history.core.state import WindowMark
+from tiered_history.core.units import unit_of
 from tiered_history.models import CompressedContext, StoredMessage, Summary
 from tiered_history.store.base import newest_window
 from tiered_history.tokens import TokenCounter
@@ -173,6 +174,54 @@ def test_a_sealed_range_keeps_no_unit_still_awaiting_results() -> None:
     msgs = [message(1, "Look both up."), call, answer]
     assert group_units(msgs) == [[msgs[0]], [call, answer]]
     assert group_units(msgs, open_end=False) == [[msgs[0]]]
+
+
+def legacy_call(seq: int, name: str = "get_time") -> StoredMessage:
+    """An assistant message making an OpenAI legacy ``function_call`` (kept in ``extra``)."""
+    return replace(message(seq, "", "assistant"), extra={"function_call": {"name": name, "arguments": "{}"}})
+
+
+def legacy_result(seq: int, name: str = "get_time") -> StoredMessage:
+    return replace(message(seq, "12:00", "function"), name=name)
+
+
+def test_a_legacy_function_call_and_its_result_are_one_unit() -> None:
+    """OpenAI's legacy function calling pairs like tool calls: the ``function_call`` and the
+    ``role: "function"`` result naming it travel together; an abandoned call and a result whose
+    call lies before the messages read are left out; a result sent with no call at all (a bot
+    logging function output on its own) stays a message of its own, as stored."""
+    ask, call, result, reply = (
+        message(1, "What time is it?"),
+        legacy_call(2),
+        legacy_result(3),
+        message(4, "Noon."),
+    )
+    assert group_units([ask, call, result, reply]) == [[ask], [call, result], [reply]]
+    # The newest unit may await its result; an older one may not.
+    assert group_units([ask, call]) == [[ask], [call]]
+    assert group_units([ask, call, reply]) == [[ask], [reply]]
+    assert group_units([ask, call], open_end=False) == [[ask]]
+    # A result of another function does not complete the call.
+    other = legacy_result(3, "get_date")
+    assert group_units([ask, call, other, reply]) == [[ask], [other], [reply]]
+    # Paging cut its call off: left out; on its own mid-conversation: kept.
+    assert group_units([result, reply]) == [[reply]]
+    lone = legacy_result(2)
+    assert group_units([ask, lone, reply]) == [[ask], [lone], [reply]]
+
+
+def test_recall_completes_a_legacy_unit_from_either_end() -> None:
+    ask, call, result, reply = (
+        message(1, "What time is it?"),
+        legacy_call(2),
+        legacy_result(3),
+        message(4, "Noon."),
+    )
+    around = {m.sequence: m for m in (ask, call, result, reply)}
+    assert unit_of(result, around) == (call, result)
+    assert unit_of(call, around) == (call, result)
+    del around[3]
+    assert unit_of(call, around) == ()  # no result: incomplete, not recalled
 
 
 # -- the recall reserve beside a window that keeps its start (cacheable budgets) -------------------

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from operator import is_
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from .core.assembly import Recalled, Rows, Shares, assemble, group_units, returned_topic
+from .core.assembly import Recalled, Rows, Shares, assemble, returned_topic
 from .core.boundaries import BoundaryRules, reply_sequence
 from .core.budget import (
     MIN_MAX_TOKENS,
@@ -34,6 +34,7 @@ from .core.recollection import Recollection, recollect
 from .core.render import item_line
 from .core.state import ConversationState, Guard, NewMessage, Outcome, WindowMark, Writes
 from .core.transitions import MANUAL, Incoming, Origin, append_all, fork, restore, seal_now, unpin
+from .core.units import MAX_UNIT, group_units, in_unit, legacy_call_id, legacy_call_name, unit_of
 from .errors import (
     BudgetTooSmallError,
     ConfigurationError,
@@ -382,6 +383,12 @@ class ReplyPath:
             if "content" not in payload:
                 wire[NO_CONTENT] = True
             text = n.text
+        # A legacy function call and its result are tracked as a tool call and its result.
+        calls, answered = n.tool_call_ids, n.tool_call_id
+        if n.role == "function":
+            answered = legacy_call_id(n.name)
+        elif not calls and n.role == "assistant" and "function_call" in payload:
+            calls = (legacy_call_id(legacy_call_name(payload)),)
         return Incoming(
             role=n.role,
             content=text,
@@ -390,8 +397,8 @@ class ReplyPath:
             token_count=full,
             full_token_count=full,
             pinned=n.pinned,
-            tool_call_ids=n.tool_call_ids,
-            tool_call_id=n.tool_call_id,
+            tool_call_ids=calls,
+            tool_call_id=answered,
             metadata=n.metadata or None,
             reply_to=reply_sequence(n.metadata),
             words=word_count(text),
@@ -1107,11 +1114,7 @@ class ReplyPath:
             conversation_id, q, {"message": limit * 2, "summary": max(limit // 2, 1)}
         )
         hits = found["message"]
-        tools = [
-            h.message
-            for h in hits
-            if h.message is not None and (h.message.role == "tool" or h.message.tool_calls)
-        ]
+        tools = [h.message for h in hits if h.message is not None and in_unit(h.message)]
         around: dict[int, StoredMessage] = {}
         if tools:
             lo = min(m.sequence for m in tools) - MAX_UNIT
@@ -1121,7 +1124,7 @@ class ReplyPath:
             m = h.message
             if m is None or m.pinned or h.score < min_score:
                 continue
-            unit = _unit_of(m, around) if m.role == "tool" or m.tool_calls else (m,)
+            unit = unit_of(m, around) if in_unit(m) else (m,)
             if unit:
                 out.append(Recalled(h.score, messages=unit))
         for h in found["summary"]:
@@ -1158,7 +1161,7 @@ class ReplyPath:
             rows = [fix(m) for m in self.store.read_messages(conversation_id, lo, hi)]
         # Pinned messages are sent first anyway; one inside a tool unit would break the unit.
         kept = [m for m in rows if not m.pinned]
-        if any(m.role == "tool" or m.tool_calls for m in rows if m.pinned):
+        if any(in_unit(m) for m in rows if m.pinned):
             return None
         # Sealed: every call must have all its results, the last one's too.
         if not kept or sum(len(u) for u in group_units(kept, open_end=False)) != len(kept):
@@ -1263,31 +1266,6 @@ class ReplyPath:
     def conversation_ids(self) -> list[str]:
         """Every stored conversation id."""
         return self.store.conversation_ids()
-
-
-#: Largest tool unit recall completes (a call with this many results around a hit).
-MAX_UNIT = 32
-
-
-def _unit_of(hit: StoredMessage, around: dict[int, StoredMessage]) -> tuple[StoredMessage, ...]:
-    """The whole tool unit ``hit`` belongs to (the call and all its results), or () if incomplete."""
-    seq = hit.sequence
-    if hit.role == "tool":
-        while seq in around and around[seq].role == "tool":
-            seq -= 1
-        call = around.get(seq)
-    else:
-        call = hit
-    if call is None or not call.tool_calls:
-        return ()
-    wanted = {str(c.get("id")) for c in call.tool_calls}
-    unit = [call]
-    nxt = call.sequence + 1
-    while wanted and nxt in around and around[nxt].role == "tool":
-        wanted.discard(str(around[nxt].tool_call_id))
-        unit.append(around[nxt])
-        nxt += 1
-    return tuple(unit) if not wanted else ()
 
 
 def _exported_part(state: ConversationState) -> tuple[object, ...]:

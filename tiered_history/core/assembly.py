@@ -48,6 +48,7 @@ from .ranking import occurrences, query_words, recall_terms
 from .render import day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
+from .units import group_units
 
 Measure = Callable[[str], int]
 """Framed tokens of a user message with this content (the caller may memoise it)."""
@@ -210,38 +211,6 @@ class Rows:
     finer: Sequence[Summary] = ()
     """Summaries and archives merged into the newest archives (what they were made of), if read:
     a context with room to spare shows them in an archive's place."""
-
-
-def group_units(
-    messages_oldest_first: Sequence[StoredMessage], open_end: bool = True
-) -> list[list[StoredMessage]]:
-    """Group messages into units that must be kept or dropped together.
-
-    An assistant message with tool calls and the tool results that answer it form one unit;
-    every other message is a unit of its own. Sent without all of its parts a unit is a 400
-    from the provider, so incomplete units are left out: results whose call was cut off by
-    paging, and calls abandoned without results. Only the newest unit may still await results
-    (the bot is running the tools right now), unless ``open_end`` is false (a sealed range).
-    """
-    units: list[list[StoredMessage]] = []
-    awaiting: dict[int, set[str]] = {}  # unit index -> ids of its calls not answered yet
-    pending: set[str] = set()
-    for m in messages_oldest_first:
-        if m.role == "tool":
-            if m.tool_call_id in pending:
-                units[-1].append(m)
-                pending.discard(str(m.tool_call_id))
-            continue
-        units.append([m])
-        if m.tool_calls:
-            pending = awaiting[len(units) - 1] = {str(c.get("id")) for c in m.tool_calls}
-        elif pending:
-            pending = set()
-    # Runs on every read over the whole window: most windows hold no unanswered call at all.
-    last = len(units) - 1 if open_end else -1
-    if not any(ids for i, ids in awaiting.items() if i != last):
-        return units
-    return [u for i, u in enumerate(units) if i == last or not awaiting.get(i)]
 
 
 def _cost(unit: Sequence[StoredMessage]) -> int:

@@ -228,8 +228,11 @@ def silence_elapsed(last_timestamp: datetime | None, now: datetime, silence: tim
 
 
 def may_open_topic(topic: OpenTopic, incoming: Incoming) -> bool:
-    """A topic may start at this message: not a tool result, not an assistant turn inside an open call."""
-    return incoming.role != "tool" and not (topic.tool_call_open and incoming.role == "assistant")
+    """A topic may start at this message: not a tool result, not an assistant turn or a legacy
+    function result inside an open call."""
+    return incoming.role != "tool" and not (
+        topic.tool_call_open and incoming.role in ("assistant", "function")
+    )
 
 
 # -- the combined decision ----------------------------------------------------------------------------

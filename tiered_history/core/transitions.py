@@ -33,6 +33,7 @@ from .state import (
     SummaryUpdate,
     Writes,
 )
+from .units import answers, calls_of
 
 MANUAL = "manual"
 SILENCE = "silence"
@@ -356,8 +357,8 @@ def append(
     opened = cur.open.plus(own)
     if m.tool_call_ids:
         calls = list(m.tool_call_ids)
-    elif m.role == "tool":
-        calls.remove(str(m.tool_call_id))
+    elif m.tool_call_id is not None and m.tool_call_id in calls:  # a tool's (or function's) result
+        calls.remove(m.tool_call_id)
     elif not m.pinned:
         calls = []  # a new turn abandons calls that never got results; a pinned instruction is no turn
     if not calls:
@@ -587,11 +588,12 @@ def seal_at(
     calls: set[str] = set()
     clean: list[bool] = []
     for m in rows:
-        if m.tool_calls:
-            calls = {str(c.get("id")) for c in m.tool_calls}
-        elif m.role == "tool":
-            calls.discard(str(m.tool_call_id))
-        elif not m.pinned:
+        made, key = calls_of(m), answers(m)
+        if made:
+            calls = made
+        elif key is not None and key in calls:
+            calls.discard(key)
+        elif m.role != "tool" and not m.pinned:
             calls = set()
         clean.append(not calls)
     cut = sequence - 1
@@ -981,8 +983,8 @@ def _incoming_of(m: StoredMessage) -> Incoming:
         full_token_count=m.full_token_count,
         pinned=m.pinned,
         pin_key=m.pin_key,
-        tool_call_ids=tuple(str(c.get("id")) for c in m.tool_calls or ()),
-        tool_call_id=m.tool_call_id,
+        tool_call_ids=tuple(str(c.get("id")) for c in m.tool_calls or ()) or tuple(calls_of(m)),
+        tool_call_id=answers(m),
         metadata=dict(m.metadata) or None,
         reply_to=reply_sequence(m.metadata),
         words=len(words(m.content)),
