@@ -748,3 +748,56 @@ async def test_a_tool_call_leaves_room_for_the_conclusion() -> None:
     )
     text = (await ExtractiveSummarizer(COUNTER).summarize(source, 40)).text
     assert "bring an umbrella: showers are expected" in text, text
+
+
+def packing_chat() -> list[SummaryInput]:
+    """A travel chat: a markdown list of facts, then a question the assistant answers."""
+    return msgs(
+        ("user", "Can you give me the packing list for the Iceland trip next week? We fly on 14 March."),
+        (
+            "assistant",
+            "Sure! Here's what I'd pack for Iceland in March:\n\n"
+            + "\n".join(f"- {item}" for item in PACKING)
+            + "\n\nAlso remember the rental car pickup at Keflavík is at 06:40 with Blue Car Rental, "
+            "booking BC-5521.",
+        ),
+        ("user", "Thanks. Should I bring crampons or are microspikes enough?"),
+        (
+            "assistant",
+            "Microspikes are enough for Skógafoss and Reykjadalur. Crampons only if you join the "
+            "Sólheimajökull glacier walk, and the tour company (Arctic Adventures) provides them.",
+        ),
+    )
+
+
+PACKING = (
+    "Waterproof shell jacket (Gore-Tex, the 66°North one you mentioned)",
+    "Two merino base layers and a fleece mid layer",
+    "Insulated hiking boots, already broken in",
+    "Microspikes for the icy trails at Skógafoss",
+    "Swimsuit for the Sky Lagoon booking (confirmation SL-88213, 16 March 7pm)",
+    "Power bank and the Type F plug adapter",
+)
+
+
+@pytest.mark.parametrize("target", [60, 100, 150])
+async def test_markdown_list_items_are_kept_whole_and_apart(target: int) -> None:
+    """Each item of a markdown list is a piece of its own, kept whole or not at all, without its
+    marker: before, the items ran together into one sentence that was cut anywhere ("…16 March
+    7pm) - Power bank and the Type F plug adapter Also remember…")."""
+    text = (await ExtractiveSummarizer(COUNTER).summarize(packing_chat(), target)).text
+    assert re.search(r"(^|\s)- ", text.split(": ", 1)[1]) is None, text
+    for item in PACKING:
+        head = item.split()[0] + " " + item.split()[1]
+        if head in text:
+            assert item in text, (item, text)
+    assert "Sky Lagoon booking (confirmation SL-88213, 16 March 7pm)" in text, text
+
+
+@pytest.mark.parametrize("target", [100, 150])
+async def test_the_answer_keeps_the_words_its_question_shares(target: int) -> None:
+    """A short question covers the words its answer repeats more cheaply than the answer does:
+    before, "should I bring crampons or are microspikes enough?" was kept and the answer dropped
+    at every target. The words the answer says too count for the answer."""
+    text = (await ExtractiveSummarizer(COUNTER).summarize(packing_chat(), target)).text
+    assert "Microspikes are enough for Skógafoss and Reykjadalur." in text, text

@@ -90,6 +90,10 @@ _NAME_BAD_RE = re.compile(r"[^A-Za-z0-9_-]+")
 # A line of ours: a role label, optionally a quoted name (which cannot contain a quote), ": ", text.
 _LABELLED_LINE_RE = re.compile(r'(User|Assistant|System|Tool|Other)(?: "([A-Za-z0-9_-]{1,64})")?: (.*)', re.S)
 _LIST_MARK_RE = re.compile(r"(?:[-*•]|\d+[.)])\s+")
+# A line break that starts a markdown list item (its marker goes) or a heading, and a blank line.
+_ITEM_START_RE = re.compile(r"\n(?=[ \t]*(?:[-*•+]|\d{1,3}[.)]|#{1,6})[ \t]+)")
+_ITEM_MARK_RE = re.compile(r"^\s*(?:[-*•+]|\d{1,3}[.)]|#{1,6})[ \t]+")
+_PARAGRAPH_RE = re.compile(r"\n[ \t]*\n\s*")
 _HEADER_LINE_RE = re.compile(r"\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}–[^\]]*\]")
 # The keyword line older versions put first ("Topic: billing, Postgres, migration"): not a sentence.
 _OLD_TOPIC_LINE_RE = re.compile(r"Topic: [^.!?\n]{0,200}")
@@ -98,6 +102,7 @@ _FENCE_RE = re.compile(r"```[^\n]*\n?(.*?)(?:```|\Z)", re.S)
 #: Sentence ends: Latin, Arabic and Urdu (؟ ۔), Devanagari (। ॥), Armenian (։), Ethiopic (።)
 #: followed by a space; CJK full-width ones need none.
 _TERMINAL = ".!?؟۔।॥։።。！？" + ELLIPSIS
+_ITEM_END = _TERMINAL + ",;:"
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?…؟۔।॥։።])\s+|(?<=[。！？])")
 # Clause boundaries inside a long sentence: after , ; : or around a dash, always before a space.
 _CLAUSE_END_RE = re.compile(r"(?<=[,;:])\s+|(?<=\s[-–—])\s+|(?<=\s--)\s+")
@@ -193,6 +198,8 @@ RECORD_MIN_COPIES = 3
 RECORD_SIMILARITY = 0.7
 #: A message of at least this many tokens is a pasted document (see ``ExtractiveSummarizer._units``).
 DOCUMENT_TOKENS = 1000
+#: What a question's words are worth where its answer says them too.
+ANSWERED_FACTOR = 0.5
 #: Worth of a word that is written capitalised inside a sentence somewhere (a name, most likely).
 _PROPER_FACTOR = 1.5
 
@@ -283,6 +290,23 @@ def _runs(text: str) -> list[list[str]]:
 
 
 def _prose(text: str) -> list[str]:
+    """``text``'s sentences: split at sentence ends, and at the line breaks that end a markdown
+    list item or a paragraph (a single line break may be a hard wrap: not there)."""
+    if "\n" not in text:
+        return _sentences(text)
+    out: list[str] = []
+    for block in _PARAGRAPH_RE.split(text):
+        for item in _ITEM_START_RE.split(block):
+            found = _sentences(_ITEM_MARK_RE.sub("", item, count=1))
+            if out and out[-1][-1] not in _ITEM_END:
+                # A list item, heading or paragraph that ends without punctuation: a ";" keeps a
+                # summary that joins it to the next piece readable.
+                out[-1] += ";"
+            out += found
+    return out
+
+
+def _sentences(text: str) -> list[str]:
     text = " ".join(_DISFLUENCY_RE.sub(" ", _MARKUP_RE.sub(" ", text)).split())
     return [s for s in _SENTENCE_END_RE.split(text) if s]
 
@@ -725,6 +749,9 @@ class ExtractiveSummarizer:
             if word in relevance:
                 relevance[word] *= _PROPER_FACTOR
         roles = {p.group: p.role for p in raw}
+        said_in: dict[int, frozenset[str]] = {}
+        for p, shape in zip(raw, shapes, strict=True):
+            said_in[p.group] = said_in.get(p.group, frozenset()) | shape
         units: list[_Unit] = []
         seen: set[str] = set()
         line_costs: dict[str, int] = {}
@@ -756,6 +783,12 @@ class ExtractiveSummarizer:
                 (item, share * _FACT_WEIGHT[item[1 : item.index(":")]] if item[0] == "#" else relevance[item])
                 for item in sorted(covers)
             )
+            if asks and not (opener and piece.group in documents):
+                # The words the answer repeats are the answer's to keep: a short question that
+                # covers them cheaply kept "should I bring crampons or microspikes?" and dropped
+                # "microspikes are enough; crampons only for the glacier walk".
+                answer = said_in.get(piece.group + 1, frozenset())
+                worth = tuple((item, w * ANSWERED_FACTOR if item in answer else w) for item, w in worth)
             unit = _Unit(
                 order=order,
                 block=piece.block,
