@@ -801,3 +801,36 @@ async def test_the_answer_keeps_the_words_its_question_shares(target: int) -> No
     at every target. The words the answer says too count for the answer."""
     text = (await ExtractiveSummarizer(COUNTER).summarize(packing_chat(), target)).text
     assert "Microspikes are enough for Skógafoss and Reykjadalur." in text, text
+
+
+@pytest.mark.parametrize("target", [20, 25, 30, 35, 40])
+async def test_a_title_does_not_end_a_sentence(target: int) -> None:
+    """ "Dr." (or "Mr.", "e.g.") is no sentence end: before, "booked with Dr." and "Okafor at the
+    Riverside clinic…" were two pieces, and the summary kept the second alone at 25 and 40 tokens."""
+    source = msgs(
+        ("user", "Can you find me a dermatologist near the office for next week?"),
+        (
+            "assistant",
+            "You're booked with Dr. Okafor at the Riverside clinic on Friday at 9:30, confirmation AT-2291.",
+        ),
+        ("user", "Great, and please add it to my calendar."),
+        ("assistant", "Added to your calendar with a reminder one hour before."),
+    )
+    text = (await ExtractiveSummarizer(COUNTER).summarize(source, target)).text
+    assert "Okafor" not in text or "booked with Dr. Okafor" in text, text
+
+
+def test_codes_of_capitals_and_digits_are_identifiers() -> None:
+    """A booking code, a flight or an order number is an identifier (worth more than a number),
+    whatever its letters spell ("AT" is a stop word): before, only its digits counted."""
+    from tiered_history.summarizers.extractive import _facts, _lower_words
+
+    def idents(text: str) -> set[str]:
+        return {f for f in _facts(text, set(_lower_words(text))) if f.startswith("#ident:")}
+
+    assert idents("confirmation AT-2291, flight LH438, order ORD-2026-0042") == {
+        "#ident:AT-2291",
+        "#ident:LH438",
+        "#ident:ORD-2026-0042",
+    }
+    assert idents("I have 3 cats, 4K video at 7pm, in Q3") == set()

@@ -8,7 +8,9 @@ Output format, one line per speaker turn kept::
 A line starts with a label made from the message's *role* (``User``, ``Assistant``, ``System``,
 ``Tool``, ``Other``) and its ``name``, if any, quoted after it as data: a user named ``System`` is
 ``User "System":``, never ``System:``. The text after the label is made of pieces of that
-speaker's messages, verbatim: sentences, or clauses of long run-on sentences, with transcript
+speaker's messages, verbatim: sentences (a title such as "Dr." ends none; a markdown list item,
+heading or paragraph is one of its own, its marker dropped and, without end punctuation, a ";"
+added), or clauses of long run-on sentences, with transcript
 markup (``{disfmarker}``...) and spoken disfluencies (um, uh; not next to a number: "5 mm") removed,
 a leading filler ("so, well, okay") dropped and whitespace collapsed. Pieces that were not
 contiguous meet at a sentence end or at "…", which also marks a sentence whose tail was cut;
@@ -20,12 +22,14 @@ message text for a label.
 Pieces are chosen greedily by the information they add per token: content words not yet kept,
 weighted by salience (how often the topic comes back to them) and rarity (in the tokenizer's
 training text, whose BPE ranks approximate word frequency, and in the conversation when its
-document frequencies are given), names, and facts (numbers, dates, links, identifiers), plus a
+document frequencies are given), names, and facts (numbers, dates, links, identifiers such as
+``snake_case``, ``dotted.names`` or codes of capitals and digits like ``BC-5521``), plus a
 bonus for decisions and requirements. Words the summaries before this one already hold (``earlier=``)
 count for less. Records of one template (a pasted log's lines, a tool's rows) count as data: their
 words once, their facts shared among them; so does a pasted document (a message of 1,000 tokens
 or more) past its opening, beside the question and the answer about it. The user's words weigh
-most, bar a question the assistant answers: it weighs like the answer. Filler and pieces too
+most, bar a question the assistant answers: it weighs like the answer, and the words the answer
+repeats count for half in it (the answer keeps them). Filler and pieces too
 thin to tell anything are left out, room or not. Whatever the input, the result fits
 ``target_tokens`` and is strictly smaller than what it replaces.
 """
@@ -103,7 +107,11 @@ _FENCE_RE = re.compile(r"```[^\n]*\n?(.*?)(?:```|\Z)", re.S)
 #: followed by a space; CJK full-width ones need none.
 _TERMINAL = ".!?؟۔।॥։።。！？" + ELLIPSIS
 _ITEM_END = _TERMINAL + ",;:"
-_SENTENCE_END_RE = re.compile(r"(?<=[.!?…؟۔।॥։።])\s+|(?<=[。！？])")
+# Not after a title or "e.g." ("booked with Dr. Okafor" is one sentence).
+_SENTENCE_END_RE = re.compile(
+    r"(?<=[.!?…؟۔।॥։።])(?<!\bDr\.)(?<!\bMr\.)(?<!\bMs\.)(?<!\bMrs\.)(?<!\bSt\.)(?<!\bProf\.)"
+    r"(?<!\bvs\.)(?<!\be\.g\.)(?<!\bi\.e\.)\s+|(?<=[。！？])"
+)
 # Clause boundaries inside a long sentence: after , ; : or around a dash, always before a space.
 _CLAUSE_END_RE = re.compile(r"(?<=[,;:])\s+|(?<=\s[-–—])\s+|(?<=\s--)\s+")
 # Where a run-on without punctuation may be cut: before a conjunction.
@@ -129,6 +137,11 @@ _DOTTED_GUARD_RE = re.compile(r"\w\.[A-Za-z_]")
 _DOTTED_RE = re.compile(r"\b[A-Za-z_]\w+(?:\.[A-Za-z_]\w*)+")
 _BACKTICK_RE = re.compile(r"`[^`\n]+`")
 _NUMBER_RE = re.compile(r"\d+(?:[.,:/-]\d+)*")
+# Codes of capitals and digits (booking BC-5521, flight LH438, order ORD-2026-0042): identifiers,
+# not numbers and words ("AT-2291" is no stop word and a number).
+_CODE_GUARD_RE = re.compile(r"[A-Z]-?\d|\d-?[A-Z]")
+_CODE_RE = re.compile(r"\b(?=[A-Z0-9-]*[A-Z])(?=[A-Z0-9-]*\d)[A-Z0-9]+(?:-[A-Z0-9]+)*\b")
+MIN_CODE_CHARS = 4
 # Transcript markup ({disfmarker}, {vocalsound}...), then spoken disfluencies (with the comma that
 # follows them) carry nothing: they are removed from the pieces the summary keeps. Not next to a
 # number: there they are a unit ("5 mm of rain") or a word ("um 14:30 Uhr", German "at").
@@ -392,6 +405,8 @@ def _facts(text: str, words: set[str]) -> set[str]:
         found.update("#ident:" + s for s in _DOTTED_RE.findall(text))
     if "`" in text:
         found.update("#ident:" + s for s in _BACKTICK_RE.findall(text))
+    if has_digit and _CODE_GUARD_RE.search(text):
+        found.update("#ident:" + s for s in _CODE_RE.findall(text) if len(s) >= MIN_CODE_CHARS)
     return found
 
 
