@@ -220,6 +220,8 @@ def test_recall_completes_a_legacy_unit_from_either_end() -> None:
     around = {m.sequence: m for m in (ask, call, result, reply)}
     assert unit_of(result, around) == (call, result)
     assert unit_of(call, around) == (call, result)
+    lone = legacy_result(5)  # a function result a bot stored with no call before it
+    assert unit_of(lone, {**around, 5: lone}) == (lone,)
     del around[3]
     assert unit_of(call, around) == ()  # no result: incomplete, not recalled
 

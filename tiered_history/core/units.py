@@ -111,8 +111,13 @@ def unit_of(hit: StoredMessage, around: Mapping[int, StoredMessage]) -> tuple[St
 
     ``around`` holds the messages near it by sequence (:data:`MAX_UNIT` either side)."""
     seq = hit.sequence
-    if hit.role in ("tool", "function"):
-        while seq in around and around[seq].role in ("tool", "function"):
+    if hit.role == "function":
+        call = around.get(seq - 1)
+        if call is None or answers(hit) not in calls_of(call):
+            return (hit,)  # sent on its own (no call before it): a message of its own, as in a window
+        return (call, hit)
+    if hit.role == "tool":
+        while seq in around and around[seq].role == "tool":
             seq -= 1
         call = around.get(seq)
     else:
