@@ -834,3 +834,16 @@ def test_codes_of_capitals_and_digits_are_identifiers() -> None:
         "#ident:ORD-2026-0042",
     }
     assert idents("I have 3 cats, 4K video at 7pm, in Q3") == set()
+
+
+def test_chinese_and_japanese_count_as_character_pairs() -> None:
+    """Text without spaces is no one-word clause: its runs count as overlapping character pairs,
+    so a place the chat keeps naming (品川) gains salience like an English word; a code right after
+    CJK text is an identifier. Before, "就订品川王子大饭店吧" was one word said once."""
+    from tiered_history.summarizers.extractive import _facts, _lower_words, vocabulary_words
+
+    assert {"品川", "川王", "饭店"} <= vocabulary_words("就订品川王子大饭店吧，三月十二日入住")
+    assert "予約" in vocabulary_words("ホテルを予約しました")
+    assert vocabulary_words("no CJK here, 3 words") == {"no", "cjk", "here", "3", "words"}
+    text = "确认号码是PR-58812。"
+    assert "#ident:PR-58812" in _facts(text, set(_lower_words(text)))

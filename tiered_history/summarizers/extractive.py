@@ -118,6 +118,9 @@ _CLAUSE_END_RE = re.compile(r"(?<=[,;:])\s+|(?<=\s[-–—])\s+|(?<=\s--)\s+")
 _CONJUNCTION_RE = re.compile(r"\s+(?=(?:and|but|because|cuz|so|or|which|then|whereas|although)\s)", re.I)
 _CLAUSE_TAIL_RE = re.compile(r"[\s,;:\-–—]+$")
 _WORD_RE = re.compile(r"\w+(?:['’]\w+)*")
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # kana and CJK ideographs
+_CJK_RE = re.compile(f"[{_CJK}]")
+_CJK_SPLIT_RE = re.compile(f"[{_CJK}]+|[^{_CJK}]+")
 _DIGIT_RE = re.compile(r"\d")
 _URL_RE = re.compile(r"https?://\S+|www\.\S+\.\S+")
 _EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+\.\w[\w.-]*")
@@ -140,7 +143,10 @@ _NUMBER_RE = re.compile(r"\d+(?:[.,:/-]\d+)*")
 # Codes of capitals and digits (booking BC-5521, flight LH438, order ORD-2026-0042): identifiers,
 # not numbers and words ("AT-2291" is no stop word and a number).
 _CODE_GUARD_RE = re.compile(r"[A-Z]-?\d|\d-?[A-Z]")
-_CODE_RE = re.compile(r"\b(?=[A-Z0-9-]*[A-Z])(?=[A-Z0-9-]*\d)[A-Z0-9]+(?:-[A-Z0-9]+)*\b")
+# (Not \b: a code may stand right after CJK text, "确认号码是PR-58812".)
+_CODE_RE = re.compile(
+    r"(?<![A-Za-z0-9-])(?=[A-Z0-9-]*[A-Z])(?=[A-Z0-9-]*\d)[A-Z0-9]+(?:-[A-Z0-9]+)*(?![A-Za-z0-9])"
+)
 MIN_CODE_CHARS = 4
 # Transcript markup ({disfmarker}, {vocalsound}...), then spoken disfluencies (with the comma that
 # follows them) carry nothing: they are removed from the pieces the summary keeps. Not next to a
@@ -358,7 +364,20 @@ def _clauses(sentence: str) -> list[tuple[str, bool]]:
 
 
 def _lower_words(text: str) -> list[str]:
-    return _WORD_RE.findall(text.lower().replace("’", "'"))
+    found = _WORD_RE.findall(text.lower().replace("’", "'"))
+    if _CJK_RE.search(text) is None:
+        return found
+    # Chinese and Japanese write no spaces: a "word" would be a whole clause, said once. Their
+    # runs count as overlapping character pairs (as CJK search engines index them), so what a
+    # conversation keeps coming back to (品川, 酒店) has a salience like an English word's.
+    out: list[str] = []
+    for word in found:
+        for run in _CJK_SPLIT_RE.findall(word):
+            if len(run) > 1 and _CJK_RE.match(run):
+                out += [run[i : i + 2] for i in range(len(run) - 1)]
+            else:
+                out.append(run)
+    return out
 
 
 def _content_words(words: Iterable[str]) -> list[str]:
