@@ -680,7 +680,16 @@ QUERY_GOES_BACK_TO_A_TOPIC = [
 ]
 
 
+#: Found once legacy function calls became units: a result larger than the window's read left its
+#: call out of the rows read, and the window (the result alone, whose call was cut off) was empty.
+LEGACY_RESULT_PAST_THE_WINDOW: list[tuple[Any, ...]] = [
+    *[("msg", "user", 1, False, 1)] * 9,
+    ("tools", 1, [1500, 1, 1], False, True),
+]
+
+
 @settings(max_examples=150, **COMMON)
+@example(ops=LEGACY_RESULT_PAST_THE_WINDOW, budgets=[32], context_budget=200, seed=0)
 @example(ops=QUERY_GOES_BACK_TO_A_TOPIC, budgets=[566], context_budget=2500, seed=0)
 @example(ops=ABANDONED_CALL_AT_WINDOW_START, budgets=[32], context_budget=200, seed=1)
 @example(ops=SUMMARY_SUPERSEDED_BESIDE_THE_WINDOW, budgets=[32], context_budget=600, seed=32)

@@ -1325,11 +1325,11 @@ def _info(state: ConversationState) -> ConversationInfo:
 
 
 def _newest_unit(messages_oldest_first: list[StoredMessage]) -> list[StoredMessage]:
-    """The newest unpinned message, preceded by its tool call and sibling results if it is a tool result."""
+    """The newest unpinned message, preceded by its call (and sibling results) if it is a call's result."""
     msgs = [m for m in messages_oldest_first if not m.pinned]
     if not msgs:
         return []
     start = len(msgs) - 1
-    while start > 0 and msgs[start].role == "tool":
+    while start > 0 and msgs[start].role in ("tool", "function"):
         start -= 1
-    return msgs[start:] if msgs[-1].role == "tool" else msgs[-1:]
+    return msgs[start:] if msgs[-1].role in ("tool", "function") else msgs[-1:]

@@ -48,7 +48,7 @@ from .ranking import occurrences, query_words, recall_terms
 from .render import day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
-from .units import group_units
+from .units import group_units, in_unit
 
 Measure = Callable[[str], int]
 """Framed tokens of a user message with this content (the caller may memoise it)."""
@@ -101,7 +101,7 @@ class Recalled:
         if self.summary is not None or len(self.messages) != 1:
             return None
         m = self.messages[0]
-        return None if m.role == "tool" or m.tool_calls else m
+        return None if in_unit(m) else m
 
 
 #: A newest message giving recall fewer words than this ("nice", "Budget?", "thanks Anna") is a weak

@@ -513,7 +513,7 @@ def choose_proposal(
             continue
         if p.kind == "split":
             turn = by_seq.get(p.sequence)
-            if turn is None or p.sequence <= topic.start or turn.role == "tool":
+            if turn is None or p.sequence <= topic.start or turn.role in ("tool", "function"):
                 continue
             # ``turns`` end with the topic but may begin after it: count back from its total.
             before = topic.tokens - sum(t.tokens for t in turns if t.sequence >= p.sequence)

@@ -910,7 +910,7 @@ class SQLStore:
             if len(rows) < page:
                 break
             # Keep reading past the cap only to complete a tool call with its results.
-            if tokens >= cap and not (tool_units and rows[-1][1] == "tool"):
+            if tokens >= cap and not (tool_units and rows[-1][1] in ("tool", "function")):
                 break
             hi = rows[-1][0 if tool_units else 2] - 1
             per_row = max(tokens // len(out), 1)
