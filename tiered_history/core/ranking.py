@@ -65,11 +65,15 @@ def words(text: str) -> list[str]:
 def word_count(text: str) -> int:
     """``len(words(text))``, without lower-casing ASCII text (counted on every stored message)."""
     # ASCII: ``_WORD_RE`` finds the runs of letters and digits (lower-casing moves no boundary
-    # there), and so does split() once every other character is a space, in a quarter less time.
-    return len(text.translate(_NOT_ALNUM).split()) if text.isascii() else len(words(text))
+    # there). With each of those bytes made "a" and every other one a space, a run starts at each
+    # " a": one C search over bytes, a third of the cost of splitting the text (str.translate
+    # looks each character up in a dict).
+    if text.isascii():
+        return (b" " + text.encode("ascii").translate(_ALNUM_AS_A)).count(b" a")
+    return len(words(text))
 
 
-_NOT_ALNUM = str.maketrans({c: " " for c in range(128) if not chr(c).isalnum()})  # all but A-Z a-z 0-9
+_ALNUM_AS_A = bytes(ord("a") if chr(c).isalnum() and c < 128 else ord(" ") for c in range(256))
 
 
 @dataclass(frozen=True, slots=True)
