@@ -70,6 +70,8 @@ def validate_text_argument(value: object, what: str, max_length: int | None = No
 
 def validate_conversation_id(conversation_id: object) -> str:
     """Return the id unchanged if it is usable, else raise :class:`InvalidConversationIdError`."""
+    if type(conversation_id) is str and conversation_id in _VALID_IDS:
+        return conversation_id  # checked already (every call checks the id: two regex scans)
     if not isinstance(conversation_id, str):
         raise InvalidConversationIdError(
             f"conversation id must be a string, not {type(conversation_id).__name__}"
@@ -83,13 +85,20 @@ def validate_conversation_id(conversation_id: object) -> str:
         )
     if _CONTROL_RE.search(conversation_id):
         raise InvalidConversationIdError("conversation id must not contain control characters")
-    if conversation_id.isascii():  # a flag of the string: no surrogate, and no NUL (a control)
-        return conversation_id
-    try:
-        _check_text(conversation_id, "conversation id")
-    except ValueError as exc:
-        raise InvalidConversationIdError(str(exc)) from None
+    if not conversation_id.isascii():  # a flag of the string: no surrogate, and no NUL (a control)
+        try:
+            _check_text(conversation_id, "conversation id")
+        except ValueError as exc:
+            raise InvalidConversationIdError(str(exc)) from None
+    if type(conversation_id) is str:  # a subclass may hash or compare as it likes: not remembered
+        if len(_VALID_IDS) >= 4096:
+            _VALID_IDS.clear()
+        _VALID_IDS[conversation_id] = None
     return conversation_id
+
+
+#: Ids found valid lately (an id is valid or not whatever the call).
+_VALID_IDS: dict[str, None] = {}
 
 
 class Message(BaseModel):

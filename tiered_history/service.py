@@ -95,6 +95,10 @@ log = logging.getLogger(__name__)
 RECALL_MIN_SCORE = 1.0
 
 
+#: The origin of a message given none (immutable: one for every such call).
+_NOWHERE = Origin()
+
+
 class StateCache:
     """The newest state this process saw of each recent conversation.
 
@@ -444,6 +448,8 @@ class ReplyPath:
         )
 
     def _origin(self, platform: str | None, channel: str | None, user_id: str | None) -> Origin:
+        if platform is None and channel is None and user_id is None:
+            return _NOWHERE
         if platform is not None:
             validate_text_argument(platform, "platform", 64)
         if channel is not None:

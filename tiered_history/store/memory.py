@@ -36,10 +36,12 @@ def _detached(m: StoredMessage) -> StoredMessage:
 
 def to_stored(cid: str, m: NewMessage) -> StoredMessage:
     """The record of a message row as every store returns it."""
-    wire = dict(m.wire or {})
-    name = wire.pop("name", None)
-    tool_calls = wire.pop("tool_calls", None)
-    tool_call_id = wire.pop("tool_call_id", None)
+    name = tool_calls = tool_call_id = wire = None
+    if m.wire:  # (most messages: a string content and nothing else)
+        wire = dict(m.wire)
+        name = wire.pop("name", None)
+        tool_calls = wire.pop("tool_calls", None)
+        tool_call_id = wire.pop("tool_call_id", None)
     return StoredMessage(
         conversation_id=cid,
         sequence=m.sequence,
