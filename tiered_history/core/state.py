@@ -142,6 +142,8 @@ def _span(s: Span) -> str:
     last = _LAST_SPAN
     if last[0] is s:
         return last[1]
+    if s is EMPTY:  # the tail, most of the time
+        return "[0,0,0,null,null]"
     text = f"[{s.messages},{s.tokens},{s.source},{_stamp(s.first_at)},{_stamp(s.last_at)}]"
     _LAST_SPAN = (s, text)
     return text
@@ -155,6 +157,11 @@ def _window(w: WindowMark) -> str:
     seal_at = "null" if w.seal_at is None else int(w.seal_at)
     return f"[{w.start},{w.budget},{w.epoch},[{','.join([str(int(i)) for i in w.shown])}],{seal_at}]"
 
+
+#: Per conversation id, the parts of its document that only events change, with the values
+#: they were formatted from (see ``ConversationState.body``).
+_EVENT_PARTS: dict[str, tuple[tuple[object, ...], tuple[str, str, str]]] = {}
+_EVENT_PARTS_MAX = 4096
 
 #: Encoded :class:`Recent` entries by identity (a state keeps each for its next RECENT writes).
 _ENCODED: dict[int, tuple[Recent, str]] = {}
@@ -368,27 +375,63 @@ class ConversationState:
         # Written on every message, so formatted by hand (json.dumps of the same structure gives
         # the same text, a test checks it): numbers and timestamps need no escaping, the strings
         # a caller chose do; the remembered messages (most of it) are encoded once each.
+        # What only events change (seals, summaries, pins, reads at a new budget, users) is
+        # formatted once per conversation until it changes: equal values, equal text.
         q = _quoted
         window = self.window
         seal = self.last_seal
+        key = (
+            seal,
+            self.topic_count,
+            self.archive_count,
+            self.summarized_upto,
+            self.topics_merged_upto,
+            self.archives_dropped_upto,
+            self.compressions,
+            self.pins,
+            self.budget,
+            self.epoch,
+            window,
+            self.other_windows,
+            self.channel,
+            self.users,
+            self.detected_upto,
+            self.needs_maintenance,
+            self.next_retry_at,
+        )
+        found = _EVENT_PARTS.get(self.id)
+        if found is not None and found[0] == key:
+            events, windows, rest = found[1]
+        else:
+            events = (
+                f'"last_seal":{"null" if seal is None else _seal(seal)},'
+                f'"topics":{self.topic_count},"archives":{self.archive_count},'
+                f'"summarized":{self.summarized_upto},"merged":{self.topics_merged_upto},'
+                f'"dropped":{self.archives_dropped_upto},"compressions":{self.compressions},'
+                f'"pins":[{",".join([f"[{q(k)},{n}]" for k, n in self.pins])}],'
+                f'"budget":{_int(self.budget)},'
+            )
+            windows = (
+                f'"epoch":{self.epoch},"window":{"null" if window is None else _window(window)},'
+                f'"windows":[{",".join(map(_window, self.other_windows))}],'
+            )
+            rest = (
+                f'"channel":{_opt(self.channel)},"users":[{",".join(map(q, self.users))}],'
+                f'"detected":{self.detected_upto},"maint":{"true" if self.needs_maintenance else "false"},'
+                f'"retry_at":{_stamp(self.next_retry_at)},'
+            )
+            if len(_EVENT_PARTS) >= _EVENT_PARTS_MAX:
+                _EVENT_PARTS.clear()
+            _EVENT_PARTS[self.id] = (key, (events, windows, rest))
         return (
             f'{{"last":{self.last_sequence},"last_at":{_stamp(self.last_message_at)},'
             f'"start":{self.topic_start_seq},"open":{_span(self.open)},'
-            f'"calls":[{",".join([q(c) for c in self.open_tool_calls])}],'
+            f'"calls":[{",".join(map(q, self.open_tool_calls))}],'
             f'"clean_seq":{self.last_clean_seq},"clean":{_span(self.clean)},"tail":{_span(self.tail)},'
-            f'"recent":[{",".join([_encoded(r) for r in self.recent])}],'
+            f'"recent":[{",".join(map(_encoded, self.recent))}],'
             f'"detector":{"null" if self.detector is None else json_string(self.detector)},'
-            f'"last_seal":{"null" if seal is None else _seal(seal)},'
-            f'"topics":{self.topic_count},"archives":{self.archive_count},'
-            f'"summarized":{self.summarized_upto},"merged":{self.topics_merged_upto},'
-            f'"dropped":{self.archives_dropped_upto},"compressions":{self.compressions},'
-            f'"pins":[{",".join([f"[{q(k)},{n}]" for k, n in self.pins])}],'
-            f'"budget":{_int(self.budget)},"ctx_tokens":{self.context_tokens},"epoch":{self.epoch},'
-            f'"window":{"null" if window is None else _window(window)},'
-            f'"windows":[{",".join([_window(w) for w in self.other_windows])}],"words":{self.words},'
-            f'"channel":{_opt(self.channel)},"users":[{",".join([q(u) for u in self.users])}],'
-            f'"detected":{self.detected_upto},"maint":{"true" if self.needs_maintenance else "false"},'
-            f'"retry_at":{_stamp(self.next_retry_at)},"silence_at":{_stamp(self.silence_due_at)}}}'
+            f'{events}"ctx_tokens":{self.context_tokens},{windows}"words":{self.words},'
+            f'{rest}"silence_at":{_stamp(self.silence_due_at)}}}'
         )
 
     @classmethod
