@@ -34,7 +34,7 @@ from .core.recollection import Recollection, recollect
 from .core.render import item_line
 from .core.state import ConversationState, Guard, NewMessage, Outcome, WindowMark, Writes
 from .core.transitions import MANUAL, Incoming, Origin, append_all, fork, restore, seal_now, unpin
-from .core.units import MAX_UNIT, group_units, in_unit, legacy_call_id, legacy_call_name, unit_of
+from .core.units import MAX_UNIT, RESULT_ROLES, group_units, in_unit, legacy_call, legacy_call_id, unit_of
 from .errors import (
     BudgetTooSmallError,
     ConfigurationError,
@@ -391,8 +391,8 @@ class ReplyPath:
         calls, answered = n.tool_call_ids, n.tool_call_id
         if n.role == "function":
             answered = legacy_call_id(n.name)
-        elif not calls and n.role == "assistant" and "function_call" in payload:
-            calls = (legacy_call_id(legacy_call_name(payload)),)
+        elif not calls and n.role == "assistant" and (call := legacy_call(payload)) is not None:
+            calls = (call,)
         return Incoming(
             role=n.role,
             content=text,
@@ -582,7 +582,7 @@ class ReplyPath:
         if isinstance(message, str):
             message = {"role": "system", "content": message}
         incoming = replace(self.prepare(message), pinned=True, pin_key=key)
-        if incoming.tool_call_ids or incoming.role in ("tool", "function"):
+        if incoming.tool_call_ids or incoming.role in RESULT_ROLES:
             raise InvalidMessageError("tool calls and tool results cannot be pinned")
         stored, _ = self._append(conversation_id, [incoming], self._origin(platform, channel, None))
         return stored[0]
@@ -1336,6 +1336,6 @@ def _newest_unit(messages_oldest_first: list[StoredMessage]) -> list[StoredMessa
     if not msgs:
         return []
     start = len(msgs) - 1
-    while start > 0 and msgs[start].role in ("tool", "function"):
+    while start > 0 and msgs[start].role in RESULT_ROLES:
         start -= 1
-    return msgs[start:] if msgs[-1].role in ("tool", "function") else msgs[-1:]
+    return msgs[start:] if msgs[-1].role in RESULT_ROLES else msgs[-1:]

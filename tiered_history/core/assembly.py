@@ -48,7 +48,7 @@ from .ranking import occurrences, query_words, recall_terms
 from .render import day_lines, item_line, recall_note, render_block
 from .state import WindowMark
 from .truncation import MARKER, truncate_to_tokens
-from .units import group_units, in_unit
+from .units import RESULT_ROLES, group_units, in_unit
 
 Measure = Callable[[str], int]
 """Framed tokens of a user message with this content (the caller may memoise it)."""
@@ -849,7 +849,7 @@ def _recall_position(window: Sequence[StoredMessage]) -> int:
         if window[i].role == "user":
             return i
     i = len(window)
-    while i > 0 and window[i - 1].role in ("tool", "function"):
+    while i > 0 and window[i - 1].role in RESULT_ROLES:
         i -= 1
     return max(i - 1, 0)
 

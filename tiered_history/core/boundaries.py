@@ -46,6 +46,7 @@ from .cohesion import (
     size_keep,
 )
 from .phrases import PhraseMatcher, anchored_phrase, matches, phrase_pattern
+from .units import RESULT_ROLES
 
 __all__ = [
     "COHESION",
@@ -513,7 +514,7 @@ def choose_proposal(
             continue
         if p.kind == "split":
             turn = by_seq.get(p.sequence)
-            if turn is None or p.sequence <= topic.start or turn.role in ("tool", "function"):
+            if turn is None or p.sequence <= topic.start or turn.role in RESULT_ROLES:
                 continue
             # ``turns`` end with the topic but may begin after it: count back from its total.
             before = topic.tokens - sum(t.tokens for t in turns if t.sequence >= p.sequence)

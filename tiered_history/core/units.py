@@ -19,6 +19,8 @@ from ..models import StoredMessage
 
 #: Prefix of the id a legacy function call is tracked under (never sent: ids stay ours).
 LEGACY_CALL = "function_call:"
+#: Roles of a call's result (a tool result, a legacy function result): never the start of a unit.
+RESULT_ROLES = ("tool", "function")
 
 
 def legacy_call_id(name: str | None) -> str:
@@ -26,10 +28,10 @@ def legacy_call_id(name: str | None) -> str:
     return f"{LEGACY_CALL}{name or ''}"
 
 
-def legacy_call_name(wire: Mapping[str, Any] | None) -> str | None:
-    """The function a message's legacy ``function_call`` names (None: it makes no such call)."""
+def legacy_call(wire: Mapping[str, Any] | None) -> str | None:
+    """The id a message's legacy ``function_call`` is tracked under (None: it makes no such call)."""
     call = wire.get("function_call") if wire else None
-    return str(call.get("name", "")) if isinstance(call, Mapping) else None
+    return legacy_call_id(str(call.get("name", ""))) if isinstance(call, Mapping) else None
 
 
 def calls_of(m: StoredMessage) -> set[str]:
@@ -37,9 +39,9 @@ def calls_of(m: StoredMessage) -> set[str]:
     if m.tool_calls:
         return {str(c.get("id")) for c in m.tool_calls}
     if m.extra is not None and m.role == "assistant":
-        name = legacy_call_name(m.extra)
-        if name is not None:
-            return {legacy_call_id(name)}
+        call = legacy_call(m.extra)
+        if call is not None:
+            return {call}
     return set()
 
 
@@ -54,7 +56,7 @@ def answers(m: StoredMessage) -> str | None:
 
 def in_unit(m: StoredMessage) -> bool:
     """``m`` makes a call or is a call's result."""
-    return m.role in ("tool", "function") or bool(calls_of(m))
+    return m.role in RESULT_ROLES or bool(calls_of(m))
 
 
 def group_units(

@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from ..core.ranking import Query
 from ..core.state import Committed, ConversationState, Guard, Writes
+from ..core.units import RESULT_ROLES
 from ..models import ConversationStats, StoredMessage, Summary
 
 
@@ -227,7 +228,7 @@ def newest_window(messages_oldest_first: Sequence[StoredMessage], token_cap: int
         return []
     newest = list(reversed(messages_oldest_first))
     k = bisect_left(list(accumulate([m.token_count for m in newest])), token_cap) + 1
-    while k < len(newest) and newest[k - 1].role in ("tool", "function"):  # a result: its call too
+    while k < len(newest) and newest[k - 1].role in RESULT_ROLES:  # a result: its call too
         k += 1
     out = newest[:k]
     out.reverse()

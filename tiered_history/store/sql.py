@@ -38,6 +38,7 @@ from ..core.state import (
     Writes,
     search_key,
 )
+from ..core.units import RESULT_ROLES
 from ..errors import StoreError
 from ..models import ConversationStats, StoredMessage, Summary
 from .base import (
@@ -910,7 +911,7 @@ class SQLStore:
             if len(rows) < page:
                 break
             # Keep reading past the cap only to complete a tool call with its results.
-            if tokens >= cap and not (tool_units and rows[-1][1] in ("tool", "function")):
+            if tokens >= cap and not (tool_units and rows[-1][1] in RESULT_ROLES):
                 break
             hi = rows[-1][0 if tool_units else 2] - 1
             per_row = max(tokens // len(out), 1)
