@@ -159,3 +159,107 @@ async def test_parts_chosen_with_the_window_start_stay_until_it_moves() -> None:
             ctx = await hc.get_context("c", 3000)
             assert ctx.maintenance_epoch == first.maintenance_epoch
             assert ctx.to_messages()[:2] == blocks
+
+
+#: The library's defaults but for recall (the test settings leave ``min_topic_tokens`` at 0).
+STRADDLED = {"context_budget": 2500, "recall": {"enabled": False}, "boundaries": {"min_topic_tokens": 120}}
+
+
+async def _straddled(hc: HistoryCompressor, budget: int) -> tuple[CompressedContext, Summary]:
+    """A conversation a little past ``budget`` whose window starts inside an archive."""
+    await _conversation(hc, 40)
+    ctx = await hc.get_context("c", budget)
+    history = await hc.get_history("c")
+    start = ctx.current_topic[0].sequence
+    inside = [
+        a for a in history.archives if a.merged_into is None and a.first_sequence < start <= a.last_sequence
+    ]
+    assert len(inside) == 1, "the window does not start inside an archive"
+    return ctx, inside[0]
+
+
+async def test_a_window_may_start_inside_an_archive_where_one_of_its_parts_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At a budget providers cache, a window starting after the whole archive would leave much of
+    # the room empty: it starts where a part ends, the parts before it shown in the archive's place.
+    async def read() -> tuple[CompressedContext, Summary]:
+        async with HistoryCompressor.from_url("memory://", **STRADDLED) as hc:
+            return await _straddled(hc, 2500)
+
+    ctx, archive = await read()
+    start = ctx.current_topic[0].sequence
+    shown = ctx.bulk_archives + ctx.historical_topics
+    parts = [x for x in shown if x.merged_into == archive.id]
+    assert archive.id not in {x.id for x in shown}
+    assert parts[0].first_sequence == archive.first_sequence and parts[-1].last_sequence == start - 1
+    assert all(b.first_sequence == a.last_sequence + 1 for a, b in pairwise(parts))
+    assert all(x.last_sequence < start for x in shown)
+    assert ctx.total_tokens <= 2500
+    # Without the archive's parts the window starts after the archive: fewer messages word for word.
+    monkeypatch.setattr(assembly, "_pieces", lambda *_: {})
+    async with HistoryCompressor.from_url("memory://", **STRADDLED) as hc:
+        await _conversation(hc, 40)
+        whole = await hc.get_context("c", 2500)
+    assert whole.current_topic[0].sequence > archive.last_sequence
+    assert len(whole.current_topic) < len(ctx.current_topic)
+
+
+async def test_the_parts_a_moving_window_leaves_are_shown_in_its_place() -> None:
+    # The window started inside an archive; when it moves on, the parts it held word for word are
+    # appended to the blocks (or the blocks are chosen anew): that stretch is never left out.
+    async with HistoryCompressor.from_url("memory://", **STRADDLED) as hc:
+        ctx, archive = await _straddled(hc, 2500)
+        n = ctx.current_topic[-1].sequence
+        moved = False
+        for k in range(200):
+            n += 1
+            at = T0 + timedelta(hours=2, minutes=k)
+            text = f"Later point {k}: the widget{k} goes to bay{k % 7} with {k} boxes."
+            await hc.add_message(
+                "c", Message(role="user" if k % 2 == 0 else "assistant", content=text, timestamp=at)
+            )
+            if k % 10 == 9:
+                await hc.maintain("c", now=at)
+            ctx = await hc.get_context("c", 2500)
+            start = ctx.current_topic[0].sequence
+            covered = {
+                s
+                for x in ctx.bulk_archives + ctx.historical_topics
+                for s in range(x.first_sequence, x.last_sequence + 1)
+            }
+            assert all(
+                s in covered for s in range(archive.first_sequence, min(start, archive.last_sequence + 1))
+            )
+            moved = moved or start > archive.last_sequence
+        assert moved, "the window never moved past the archive"
+
+
+def _missing(ctx: CompressedContext) -> list[int]:
+    """Messages before the window that no summary or archive shown stands for."""
+    start = ctx.current_topic[0].sequence
+    shown = ctx.bulk_archives + ctx.historical_topics
+    covered = {s for x in shown for s in range(x.first_sequence, x.last_sequence + 1)}
+    return [s for s in range(1, start) if s not in covered]
+
+
+async def test_topics_a_window_leaves_stay_in_the_context_until_they_are_merged() -> None:
+    # At 3,000 tokens the archives hold the topic tier's room: a topic summary the window left is
+    # shown only while there is room beside the window. When the window moves, those no archive
+    # holds yet are shown first (the archives' unused share is theirs), so the context never
+    # lacks a stretch of the conversation that has a summary (60 of 200 reads did before).
+    settings = {**STRADDLED, "context_budget": 3000}
+    async with HistoryCompressor.from_url("memory://", **settings) as hc:
+        await _conversation(hc, 40)
+        n = 160
+        for k in range(200):
+            n += 1
+            at = T0 + timedelta(minutes=n)
+            text = f"Later point {k}: the widget{k} goes to bay{k % 7} with {k} boxes."
+            role = "user" if k % 2 == 0 else "assistant"
+            await hc.add_message("c", Message(role=role, content=text, timestamp=at))
+            if k % 10 == 9:
+                await hc.maintain("c", now=at)
+            ctx = await hc.get_context("c", 3000)
+            assert ctx.total_tokens <= 3000
+            assert _missing(ctx) == [], k

@@ -310,6 +310,28 @@ def _fill(tier: str, ranked: Sequence[Summary], limit: int, measure: Measure) ->
     return block
 
 
+def _pieces(archives: Sequence[Summary], finer: Sequence[Summary]) -> dict[int, list[Summary]]:
+    """Each archive's finest parts at hand (oldest first), for the archives whose parts, and
+    their parts in turn while they are all at hand, cover its whole range; the others have none."""
+    made_of: dict[int, list[Summary]] = {}
+    for x in sorted(finer, key=lambda x: x.first_sequence):
+        if x.merged_into is not None:
+            made_of.setdefault(x.merged_into, []).append(x)
+
+    def finest(a: Summary) -> list[Summary]:
+        parts = made_of.get(a.id, [])
+        if not _tiles(a, parts):
+            return [a]
+        return [y for x in parts for y in finest(x)]
+
+    out: dict[int, list[Summary]] = {}
+    for a in archives:
+        parts = finest(a)
+        if parts != [a]:
+            out[a.id] = parts
+    return out
+
+
 def _tiles(parent: Summary, children: Sequence[Summary]) -> bool:
     """Whether ``children`` (oldest first) cover exactly ``parent``'s range, with no gap."""
     if not children or children[0].first_sequence != parent.first_sequence:
@@ -462,13 +484,39 @@ def assemble(
         costs = [u[0].token_count if len(u) == 1 else _cost(u) for u in units]
     suffix = list(accumulate(reversed(costs), initial=0))[::-1]
 
+    cacheable = max_tokens >= shares.cache_min
+    # An archive whose parts are at hand stands for them where a window starts inside it (laid
+    # out for the cache: the short layout swaps parts back for messages itself): the window may
+    # start where one part ends, the parts before it shown in the archive's place. A conversation
+    # a little past its budget then keeps its newest topics word for word, not as the archive
+    # they were merged into.
+    pieces = _pieces(rows.archives, rows.finer) if cacheable else {}
+
     # A window starts at a summarised range's first message or after its last: never inside one,
     # where the summary and the messages it covers would both be sent, or neither.
     ranges = [(x.first_sequence, x.last_sequence) for x in (*rows.topics, *rows.archives)]
+    fine = [(x.first_sequence, x.last_sequence) for xs in pieces.values() for x in xs]
+
+    def split(i: int) -> list[Summary]:
+        """The parts shown before unit ``i`` of the archive it starts inside (oldest first)."""
+        first = units[i][0].sequence
+        return [
+            x
+            for a in rows.archives
+            if a.first_sequence < first <= a.last_sequence
+            for x in pieces.get(a.id, ())
+            if x.last_sequence < first and x.content
+        ]
 
     def aligned(i: int) -> bool:
         first = units[i][0].sequence
-        return not any(lo < first <= hi for lo, hi in ranges)
+        if not any(lo < first <= hi for lo, hi in ranges):
+            return True
+        if any(lo < first <= hi for lo, hi in fine) or not any(lo == first for lo, _ in fine):
+            return False
+        # Inside an archive, at one of its parts: only if every part before the start is shown.
+        shown = {x.id for block in stable(i) for x in block.items}
+        return all(x.id in shown for x in split(i))
 
     def ranked(i: int) -> list[Summary]:
         """The topic summaries covering what comes before unit ``i``, most wanted first."""
@@ -480,15 +528,44 @@ def assemble(
         first = units[i][0].sequence
         if all(a.last_sequence < first for a in all_archives.items):
             return all_archives
+        parts = [x for x in split(i) if x.tier != "topic"] if pieces else []
         return _fill(
-            "bulk", [a for a in reversed(rows.archives) if a.last_sequence < first], bulk_limit, measure
+            "bulk",
+            [*(a for a in reversed(rows.archives) if a.last_sequence < first), *reversed(parts)],
+            bulk_limit,
+            measure,
         )
+
+    # A window chosen before at this budget moves (else the context is laid out afresh).
+    moving = rows.mark is not None and rows.mark.budget == max_tokens
 
     # Made once per start (within this call): a new start is looked for at each room in turn.
     @cache
     def stable(i: int) -> tuple[_Block, _Block]:
-        """The archives, and the topic summaries covering what comes before unit ``i``."""
-        return archives_before(i), _fill("topic", ranked(i), topic_limit, measure)
+        """The archives, and the topic summaries covering what comes before unit ``i``.
+
+        Shown first: the topic parts of an archive the window starts inside, which take its
+        place (and its room); then, when the window moves, the topic summaries no archive holds
+        yet (what windows left since maintenance last merged), which may take the room the
+        archives leave of the summary tiers' shares. Else, where the archives hold the topic
+        tier's room (so the topic tier has none of its own), that stretch of the timeline could be
+        missing from the context until the window moved again. (A first read, which keeps no
+        prefix yet, leaves them to the room its window leaves: the window stays as full as it can.)
+        """
+        archives = archives_before(i)
+        first = units[i][0].sequence
+        parts = [x for x in split(i) if x.tier == "topic"] if pieces else []
+        end = max((a.last_sequence for a in rows.archives), default=0) if moving else first
+        unmerged = [
+            t for t in rows.topics if end < t.first_sequence and t.last_sequence < first and t.content
+        ]
+        if not parts and not unmerged:
+            return archives, _fill("topic", ranked(i), topic_limit, measure)
+        held = _fill("topic", parts, avail, measure).tokens if parts else 0
+        limit = topic_limit + max(held, bulk_limit - archives.tokens)
+        first_ids = {t.id for t in unmerged}
+        wanted = [*parts, *_topic_priority(unmerged), *(t for t in ranked(i) if t.id not in first_ids)]
+        return archives, _fill("topic", wanted, limit, measure)
 
     def frozen() -> tuple[_Block, _Block]:
         """The blocks shown when the window start was chosen (they stay until it moves)."""
@@ -513,6 +590,10 @@ def assemble(
             return None
         shown = [x for x in rows.frozen if x.tier == "topic"]
         last = max((x.first_sequence for x in shown), default=0)
+        # A window that started inside an archive (where one of its parts ends) left what the
+        # archive holds after that: its blocks are chosen anew, with the parts in its place.
+        if any(a.first_sequence < first and a.last_sequence >= rows.mark.start for a in rows.archives):
+            return None
         left = [t for t in rows.topics if rows.mark.start <= t.first_sequence and t.last_sequence < first]
         if any(t.first_sequence <= last for t in left):
             return None
@@ -558,7 +639,6 @@ def assemble(
         free = room if kept else max(room, reserve)
         return suffix[i] + free + blocks[0].tokens + blocks[1].tokens <= avail
 
-    cacheable = max_tokens >= shares.cache_min
     if not cacheable:
         return _relevance_layout(
             conversation_id,
