@@ -15,10 +15,16 @@ The context is laid out stable-first, so a provider's prompt cache keeps hitting
   first within the topic share (less its recall reserve), shown oldest first. When the window
   moves, the summaries shown so far stay and those of what it left are appended, so the blocks
   stay a cached prefix; room the new start leaves beyond the growth room goes to more summaries.
+  A moved window shows first the summaries no archive holds yet (what windows left since the
+  last merge), in the room the archives leave, so what it left is not missing until it moves
+  again (as far as that room holds them).
 * **Archives** (merged summaries, rolled up into coarser ones as they grow) cover the oldest
   parts: the whole timeline stays represented. Room still left then shows the newest archive
   as what it was made of (:func:`unroll`: the archives a roll-up rolled up, the topic summaries
-  an archive merged), newest first: the past nearest the present at a finer resolution.
+  an archive merged), newest first: the past nearest the present at a finer resolution. A
+  window may start inside an archive whose parts are read, where one of them ends: the parts
+  before the start are shown in the archive's place (a conversation a little past its budget
+  keeps its newest topics word for word rather than as the archive they were merged into).
 * **Recall** uses what is left, up to its reserve (which the current topic may grow into
   between events: recall is sent uncached anyway, a moved window is not): the messages (whole
   tool units) and summaries that best match the newest message, as earlier conversation, after
