@@ -63,15 +63,13 @@ class Span:
         )
 
     def plus(self, other: Span) -> Span:
-        firsts = [t for t in (self.first_at, other.first_at) if t is not None]
-        lasts = [t for t in (self.last_at, other.last_at) if t is not None]
-        return Span(
-            self.messages + other.messages,
-            self.tokens + other.tokens,
-            self.source + other.source,
-            min(firsts) if firsts else None,
-            max(lasts) if lasts else None,
-        )
+        # The earlier first and the later last (None: unknown), as min()/max() pick: ours on a tie.
+        a, b = self.first_at, other.first_at
+        first = b if a is None or (b is not None and b < a) else a
+        a, b = self.last_at, other.last_at
+        last = b if a is None or (b is not None and b > a) else a
+        messages, tokens = self.messages + other.messages, self.tokens + other.tokens
+        return Span(messages, tokens, self.source + other.source, first, last)
 
     def to_json(self) -> list[Any]:
         return [self.messages, self.tokens, self.source, _ts(self.first_at), _ts(self.last_at)]

@@ -353,8 +353,9 @@ def append(
         cur = before
 
     seq = cur.last_sequence + 1
-    own = EMPTY.add(m.token_count, m.full_token_count, m.pinned, m.timestamp)
-    opened = cur.open.plus(own)
+    grown = (m.token_count, m.full_token_count, m.pinned, m.timestamp)
+    own = EMPTY.add(*grown)
+    opened = cur.open.add(*grown)  # = cur.open.plus(own), without a Span in between
     if m.tool_call_ids:
         calls = list(m.tool_call_ids)
     elif m.tool_call_id is not None and m.tool_call_id in calls:  # a tool's (or function's) result
@@ -367,7 +368,7 @@ def append(
         # The call opens a unit that must stay whole: a seal may end just before it.
         last_clean, clean, tail = seq - 1, cur.open, own
     else:
-        last_clean, clean, tail = cur.last_clean_seq, cur.clean, cur.tail.plus(own)
+        last_clean, clean, tail = cur.last_clean_seq, cur.clean, cur.tail.add(*grown)
     recent = (*cur.recent, Recent(seq, own, opened, not calls))[-RECENT:]
     pins = cur.pins
     if m.pinned:
