@@ -237,16 +237,18 @@ def _unpack(text: str) -> tuple[int, ...]:
 def _pack_gaps(gaps: list[int]) -> str:
     # (tokens, score) pairs: an unsigned 32-bit count and a signed byte.
     pairs = len(gaps) // 2
+    layout = _gap_struct(pairs)
     try:
-        raw = struct.pack(_gap_format(pairs), *(gaps if len(gaps) == 2 * pairs else gaps[: 2 * pairs]))
+        raw = layout.pack(*(gaps if len(gaps) == 2 * pairs else gaps[: 2 * pairs]))
     except struct.error:  # a message of more than 4 billion tokens
-        raw = struct.pack(_gap_format(pairs), *(min(g, 0xFFFFFFFF) for g in gaps[: 2 * pairs]))
+        raw = layout.pack(*(min(g, 0xFFFFFFFF) for g in gaps[: 2 * pairs]))
     return _b2a(raw, newline=False).decode("ascii")
 
 
 @lru_cache(maxsize=64)
-def _gap_format(pairs: int) -> str:
-    return ">" + "Ib" * pairs
+def _gap_struct(pairs: int) -> struct.Struct:
+    # Compiled once: struct.pack(format, ...) looks its compiled format up by the string every call.
+    return struct.Struct(">" + "Ib" * pairs)
 
 
 def _unpack_gaps(text: str) -> list[int]:
@@ -508,9 +510,11 @@ def _slot(h: int) -> tuple[int, int, int, int, int, int]:
 
 
 def _recent_terms(current: Sequence[int], words: Sequence[int]) -> tuple[int, ...]:
-    fresh = set(words)
+    fresh = dict.fromkeys(words)  # the order to append them in, and the set to drop from ``current``
+    if len(fresh) >= _TOPIC_TERMS:  # a long message: the newest terms are all its own
+        return tuple(fresh)[-_TOPIC_TERMS:]
     out = [t for t in current if t not in fresh]
-    out.extend(dict.fromkeys(words))
+    out.extend(fresh)
     return tuple(out[-_TOPIC_TERMS:])
 
 
