@@ -172,7 +172,9 @@ def _encoded(r: Recent) -> str:
     hit = _ENCODED.get(id(r))
     if hit is not None and hit[0] is r:
         return hit[1]
-    text = f"[{r.sequence},{_span(r.own)},{_span(r.upto)},{'true' if r.clean else 'false'}]"
+    # ``upto`` first: the newest entry's is the open topic's span, formatted just before (remembered).
+    upto = _span(r.upto)
+    text = f"[{r.sequence},{_span(r.own)},{upto},{'true' if r.clean else 'false'}]"
     if len(_ENCODED) >= _ENCODED_MAX:
         _ENCODED.clear()
     _ENCODED[id(r)] = (r, text)
