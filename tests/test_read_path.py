@@ -13,6 +13,7 @@ import sqlite3
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from tiered_history import SyncHistoryCompressor
 from tiered_history.core.ranking import parse_query
 from tiered_history.errors import TransientStoreError
+from tiered_history.store.base import Window
 from tiered_history.store.sql import CANDIDATES_PER_WORD, SQLStore, _tally
 from tiered_history.testing import ScriptedSummarizer
 
@@ -1131,3 +1133,69 @@ def test_rank_is_the_best_of_every_candidate_scored(
     got = rank(lists, weights, n, avg, last, limit, count)
     assert got == [(-s, -i, -r) for s, r, i in want]
     assert len(texts) == len(set(texts))  # a text is counted once at most
+
+
+@contextmanager
+def pg_statements() -> Iterator[list[str]]:
+    """The statements psycopg cursors execute while the block runs (each one a round trip)."""
+    import psycopg
+
+    seen: list[str] = []
+    original = psycopg.Cursor.execute
+
+    def execute(self: Any, query: Any, params: Any = None, *a: Any, **k: Any) -> Any:
+        seen.append(" ".join(str(query).split()))
+        return original(self, query, params, *a, **k)
+
+    psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        psycopg.Cursor.execute = original  # type: ignore[method-assign]
+
+
+def test_pg_a_read_after_a_write_is_one_statement(pg_url: str) -> None:
+    """PostgreSQL, recall off: the read after a reply is one statement (the state, the rows since
+    the window kept and the pinned messages: a snapshot by itself), not a transaction of four, and
+    it builds the context a compressor reading everything builds."""
+    with SyncHistoryCompressor(pg_url, recall={"enabled": False}) as h:
+        for i in range(40):
+            h.add_message(CID, msg("user" if i % 2 == 0 else "assistant", f"harbour trip note {i}", i))
+        h.pin(CID, msg("user", "Always answer in French.", 40), key="lang")
+        h.get_context(CID, 2000)
+        for i in range(41, 47):
+            h.add_message(CID, msg("user" if i % 2 == 0 else "assistant", f"ferry timetable {i}", i))
+            with pg_statements() as seen:
+                ctx = h.get_context(CID, 2000, record=False)
+            assert len(seen) == 1 and seen[0].startswith("WITH st AS"), seen
+            with SyncHistoryCompressor(pg_url, recall={"enabled": False}) as fresh:
+                assert fresh.get_context(CID, 2000, record=False) == ctx
+        assert "Always answer in French." in str(ctx.to_messages())
+
+
+def test_pg_a_context_head_with_other_pins_reads_as_usual(pg_url: str) -> None:
+    """The one-statement read checks the pins the request expected against the state it read: when
+    they differ (a conversation made again, the same version), it reads the usual way."""
+    with SyncHistoryCompressor(pg_url) as h:
+        for i in range(6):
+            h.add_message(CID, msg("user" if i % 2 == 0 else "assistant", f"harbour trip note {i}", i))
+        h.pin(CID, msg("user", "Always answer in French.", 7), key="lang")
+        store = h.reply.store
+        assert isinstance(store, SQLStore)
+        state = store.read_state(CID)
+        assert state is not None and state.pinned_sequences
+        request = h.reply._request(state, 2000)
+        last = state.last_sequence
+        request = replace(request, windows=(Window(last - 3, last, 2000),), summaries=(), summary_ids=())
+        usual = store.read_context(CID, replace(request, pinned=None), state.version)
+        with pg_statements() as seen:
+            wrong = store.read_context(CID, replace(request, pinned=()), state.version)
+        assert len(seen) > 1 and wrong == usual
+        with pg_statements() as seen:
+            right = store.read_context(CID, request, state.version)
+        assert len(seen) == 1 and right == usual
+        assert usual is not None and [m.content for m in usual.pinned] == ["Always answer in French."]
+        with pg_statements() as seen:
+            assert store.read_context(CID, request, state.version + 1) is None
+            assert store.read_context("missing", request, 1) is None
+        assert len(seen) == 2

@@ -840,6 +840,7 @@ class ReplyPath:
             (Window(0, state.last_sequence, cap),),
             summaries,
             mark.shown if mark is not None else (),
+            state.pinned_sequences,
         )
 
     def snapshot(self, conversation_id: str, max_tokens: int) -> Snapshot:

@@ -77,6 +77,9 @@ class ContextRequest:
     summaries: tuple[SummaryWindow, ...] = ()
     summary_ids: tuple[int, ...] = ()
     """Summaries (of any kind or state) to read by id, into ``Snapshot.by_id``."""
+    pinned: tuple[int, ...] | None = None
+    """The pinned sequences of the state the request was planned from, when known: a store may
+    read those messages with the state (one round trip) after checking the state still pins them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from operator import itemgetter
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -94,6 +95,10 @@ NOWAIT_CONNECTIONS = 2
 _PG_IDLE = 0
 #: Conversation row keys a SQLite store remembers (all forgotten at once beyond this).
 KEYS_KEPT = 65536
+#: ``Statements.pg_context_head``'s rows: the part, then the state's columns, then a message's.
+_HEAD_ROW = 1 + len(_STATE_COLS.split(","))
+#: A one-statement read that cannot answer (see ``SQLStore._context_head``).
+_UNSURE = object()
 
 
 class Statements:
@@ -203,6 +208,21 @@ class Statements:
             "ESCAPE '\\' ORDER BY seq DESC LIMIT :lim"
         )
         if pg:
+            # ``read_context``'s usual read after a write as one statement (a snapshot by itself
+            # on an autocommit connection: one round trip for what was BEGIN, the state, the page
+            # and COMMIT): the state row (part 0), the first page of the window (1) and the pinned
+            # messages the planner expects (2), each row padded with NULLs to the same columns.
+            states, rows = len(_STATE_COLS.split(",")), len(_MESSAGE_COLS.split(","))
+            pad_state, pad_row = ", ".join(["NULL"] * states), ", ".join(["NULL"] * rows)
+            self.pg_context_head: str | None = s(
+                f"WITH st AS (SELECT {_STATE_COLS} FROM conversations WHERE id = :id) "
+                f"SELECT 0, st.*, {pad_row} FROM st "
+                f"UNION ALL (SELECT 1, {pad_state}, {_MESSAGE_COLS} FROM messages "
+                "WHERE conv = (SELECT key FROM st) AND seq > :lo AND seq <= :hi AND pinned = :false "
+                "ORDER BY seq DESC LIMIT :lim) "
+                f"UNION ALL SELECT 2, {pad_state}, {_MESSAGE_COLS} FROM messages "
+                "WHERE conv = (SELECT key FROM st) AND seq = ANY(CAST(:pins AS integer[]))"
+            )
             self.pg_rows_messages = s(
                 f"SELECT id, {_MESSAGE_COLS} FROM messages WHERE conv = :conv AND id = ANY(:ids)"
             )
@@ -240,6 +260,7 @@ class Statements:
                 "ORDER BY x.seq DESC LIMIT :lim"
             )
         else:
+            self.pg_context_head = None
             # FTS5 finds each query word's newest rows of one conversation, newest first, and stops
             # after :lim of them (FTS5 walks its index in rowid order, which is the conversation's
             # order); the store ranks those candidates by BM25 itself (FTS5's bm25() would first
@@ -923,6 +944,15 @@ class SQLStore:
         self, conversation_id: str, request: ContextRequest, expect_version: int | None = None
     ) -> Snapshot | None:
         q = self.q
+        if self._one_statement(request, expect_version):
+            found = self._tx(
+                "reading the context",
+                partial(self._context_head, conversation_id, request, expect_version),
+                write=False,
+                single=True,
+            )
+            if found is None or isinstance(found, Snapshot):
+                return found
 
         def run(cur: Any) -> Snapshot | None:
             row = self._read_state_row(cur, conversation_id)
@@ -957,6 +987,53 @@ class SQLStore:
             return Snapshot(state, pinned, windows, summaries, by_id)
 
         return self._tx("reading the context", run, write=False)
+
+    def _one_statement(self, request: ContextRequest, expect_version: int | None) -> bool:
+        """Whether ``read_context`` can be one statement (PostgreSQL, on held connections): a
+        version to check, the pinned sequences expected, one window whose first page holds all
+        of it (fewer rows than a page: the read after a write extends the window kept), nothing
+        else to read."""
+        if self.q.pg_context_head is None or self._held is None or expect_version is None:
+            return False
+        if request.pinned is None or request.summaries or request.summary_ids:
+            return False
+        if len(request.windows) != 1:
+            return False
+        w = request.windows[0]
+        return w.hi - w.lo < _FIRST_PAGE
+
+    def _context_head(
+        self, conversation_id: str, request: ContextRequest, expect_version: int | None, cur: Any
+    ) -> object:
+        """``read_context`` as one statement (see :meth:`_one_statement`), or :data:`_UNSURE`
+        when the state pins other messages than the request expected (then read as usual)."""
+        w = request.windows[0]
+        pins = list(request.pinned or ())
+        cur.execute(
+            self.q.pg_context_head,
+            {"id": conversation_id, "lo": w.lo, "hi": w.hi, "lim": _FIRST_PAGE, "false": False, "pins": pins},
+        )
+        head: Sequence[Any] | None = None
+        page: list[Sequence[Any]] = []
+        pinned_rows: list[Sequence[Any]] = []
+        for r in cur.fetchall():
+            if r[0] == 0:
+                head = r[1:_HEAD_ROW]
+            elif r[0] == 1:
+                page.append(r[_HEAD_ROW:])
+            else:
+                pinned_rows.append(r[_HEAD_ROW:])
+        if head is None:
+            return None
+        state = self._state(head)
+        if state.version != expect_version:
+            return None
+        if state.pinned_sequences != tuple(pins):
+            return _UNSURE
+        pinned = sorted((self._message(conversation_id, r) for r in pinned_rows), key=_seq) if pins else []
+        page.sort(key=itemgetter(0), reverse=True)  # newest first, as the paged read has them
+        msgs = [self._message(conversation_id, r) for r in reversed(page)]
+        return Snapshot(state, pinned, [newest_window(msgs, w.token_cap)], [], [])
 
     def _summary_window(self, cur: Any, conv: int, cid: str, sw: SummaryWindow) -> list[Summary]:
         sql = self.q.summaries_live
