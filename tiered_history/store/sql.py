@@ -214,13 +214,19 @@ class Statements:
             # messages the planner expects (2), each row padded with NULLs to the same columns.
             states, rows = len(_STATE_COLS.split(",")), len(_MESSAGE_COLS.split(","))
             pad_state, pad_row = ", ".join(["NULL"] * states), ", ".join(["NULL"] * rows)
-            self.pg_context_head: str | None = s(
+            head = (
                 f"WITH st AS (SELECT {_STATE_COLS} FROM conversations WHERE id = :id) "
                 f"SELECT 0, st.*, {pad_row} FROM st "
                 f"UNION ALL (SELECT 1, {pad_state}, {_MESSAGE_COLS} FROM messages "
                 "WHERE conv = (SELECT key FROM st) AND seq > :lo AND seq <= :hi AND pinned = :false "
-                "ORDER BY seq DESC LIMIT :lim) "
-                f"UNION ALL SELECT 2, {pad_state}, {_MESSAGE_COLS} FROM messages "
+                "ORDER BY seq DESC LIMIT :lim)"
+            )
+            self.pg_context_head: str | None = s(head)
+            # With pins: a statement of its own, the one without them planned once (a plan with the
+            # pinned branch is costed above the ones made for each call's values, so the server
+            # plans it again on every call: twice the time of the statement without it).
+            self.pg_context_head_pinned: str | None = s(
+                f"{head} UNION ALL SELECT 2, {pad_state}, {_MESSAGE_COLS} FROM messages "
                 "WHERE conv = (SELECT key FROM st) AND seq = ANY(CAST(:pins AS integer[]))"
             )
             self.pg_rows_messages = s(
@@ -260,7 +266,7 @@ class Statements:
                 "ORDER BY x.seq DESC LIMIT :lim"
             )
         else:
-            self.pg_context_head = None
+            self.pg_context_head = self.pg_context_head_pinned = None
             # FTS5 finds each query word's newest rows of one conversation, newest first, and stops
             # after :lim of them (FTS5 walks its index in rowid order, which is the conversation's
             # order); the store ranks those candidates by BM25 itself (FTS5's bm25() would first
@@ -1009,10 +1015,11 @@ class SQLStore:
         when the state pins other messages than the request expected (then read as usual)."""
         w = request.windows[0]
         pins = list(request.pinned or ())
-        cur.execute(
-            self.q.pg_context_head,
-            {"id": conversation_id, "lo": w.lo, "hi": w.hi, "lim": _FIRST_PAGE, "false": False, "pins": pins},
-        )
+        params = {"id": conversation_id, "lo": w.lo, "hi": w.hi, "lim": _FIRST_PAGE, "false": False}
+        if pins:
+            cur.execute(self.q.pg_context_head_pinned, {**params, "pins": pins})
+        else:
+            cur.execute(self.q.pg_context_head, params)
         head: Sequence[Any] | None = None
         page: list[Sequence[Any]] = []
         pinned_rows: list[Sequence[Any]] = []
