@@ -64,6 +64,7 @@ from typing import Any, Final, NoReturn
 
 from pydantic import TypeAdapter, ValidationError
 
+from .core.units import RESULT_ROLES
 from .errors import InvalidMessageError
 from .models import NO_CONTENT
 
@@ -405,7 +406,7 @@ def normalize_message(message: object, *, now: datetime) -> NormalizedMessage:
         pinned = False
     if not isinstance(pinned, bool):
         _fail("pinned", f"pinned must be true or false, not {type(pinned).__name__}")
-    if pinned and (role in ("tool", "function") or acts):
+    if pinned and (role in RESULT_ROLES or acts):
         _fail("pinned", "tool calls and tool results cannot be pinned")
 
     if metadata is None:

@@ -316,13 +316,19 @@ def _fill(tier: str, ranked: Sequence[Summary], limit: int, measure: Measure) ->
     return block
 
 
-def _pieces(archives: Sequence[Summary], finer: Sequence[Summary]) -> dict[int, list[Summary]]:
-    """Each archive's finest parts at hand (oldest first), for the archives whose parts, and
-    their parts in turn while they are all at hand, cover its whole range; the others have none."""
+def _made_of(finer: Sequence[Summary]) -> dict[int, list[Summary]]:
+    """The summaries and archives read as parts, by the archive they were merged into, oldest first."""
     made_of: dict[int, list[Summary]] = {}
     for x in sorted(finer, key=lambda x: x.first_sequence):
         if x.merged_into is not None:
             made_of.setdefault(x.merged_into, []).append(x)
+    return made_of
+
+
+def _pieces(archives: Sequence[Summary], finer: Sequence[Summary]) -> dict[int, list[Summary]]:
+    """Each archive's finest parts at hand (oldest first), for the archives whose parts, and
+    their parts in turn while they are all at hand, cover its whole range; the others have none."""
+    made_of = _made_of(finer)
 
     def finest(a: Summary) -> list[Summary]:
         parts = made_of.get(a.id, [])
@@ -359,10 +365,7 @@ def unroll(
     hand and cover its whole range is unrolled (parts with no text, topics of pinned messages
     only, count as covered: pinned messages are sent anyway).
     """
-    parts: dict[int, list[Summary]] = {}
-    for x in sorted(finer, key=lambda x: x.first_sequence):
-        if x.merged_into is not None:
-            parts.setdefault(x.merged_into, []).append(x)
+    parts = _made_of(finer)
     while archives.items:
         newest = max(archives.items, key=lambda a: a.last_sequence)
         made_of = parts.get(newest.id, [])
@@ -544,6 +547,7 @@ def assemble(
 
     # A window chosen before at this budget moves (else the context is laid out afresh).
     moving = rows.mark is not None and rows.mark.budget == max_tokens
+    archived_upto = max((a.last_sequence for a in rows.archives), default=0)
 
     # Made once per start (within this call): a new start is looked for at each room in turn.
     @cache
@@ -561,10 +565,13 @@ def assemble(
         archives = archives_before(i)
         first = units[i][0].sequence
         parts = [x for x in split(i) if x.tier == "topic"] if pieces else []
-        end = max((a.last_sequence for a in rows.archives), default=0) if moving else first
-        unmerged = [
-            t for t in rows.topics if end < t.first_sequence and t.last_sequence < first and t.content
-        ]
+        unmerged: list[Summary] = []
+        if moving:
+            unmerged = [
+                t
+                for t in rows.topics
+                if archived_upto < t.first_sequence and t.last_sequence < first and t.content
+            ]
         if not parts and not unmerged:
             return archives, _fill("topic", ranked(i), topic_limit, measure)
         held = _fill("topic", parts, avail, measure).tokens if parts else 0

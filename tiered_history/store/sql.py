@@ -1038,8 +1038,8 @@ class SQLStore:
         if state.pinned_sequences != tuple(pins):
             return _UNSURE
         pinned = sorted((self._message(conversation_id, r) for r in pinned_rows), key=_seq) if pins else []
-        page.sort(key=itemgetter(0), reverse=True)  # newest first, as the paged read has them
-        msgs = [self._message(conversation_id, r) for r in reversed(page)]
+        page.sort(key=itemgetter(0))  # oldest first (the union returns its parts in no set order)
+        msgs = [self._message(conversation_id, r) for r in page]
         return Snapshot(state, pinned, [newest_window(msgs, w.token_cap)], [], [])
 
     def _summary_window(self, cur: Any, conv: int, cid: str, sw: SummaryWindow) -> list[Summary]:
