@@ -296,7 +296,9 @@ def default_rules() -> BoundaryRules:
     h = HistoryCompressor("memory://")
     engine: BoundaryRules = h.reply.rules(None, None)
     s = h.settings
-    assert engine.size_limit == topic_size_limit(s.context_budget, s.tiers.current_topic, s.token_threshold)
+    assert engine.size_limit == topic_size_limit(
+        s.context_budget, s.tiers.current_topic, s.token_threshold, s.max_topic_tokens
+    )
     return replace(engine, phrases=phrases_for())
 
 

@@ -45,9 +45,11 @@ async def topic_row(hc: HistoryCompressor) -> Summary:
     return topic
 
 
-def compressor(url: str, server: OpenAIServer, **kw: Any) -> HistoryCompressor:
+def compressor(url: str, server: OpenAIServer, max_topic_tokens: int = 1000, **kw: Any) -> HistoryCompressor:
     summ = LiteLLMSummarizer(MODEL, api_base=server.url, api_key="test", timeout=2.0, max_retries=0, **kw)
-    return HistoryCompressor.from_url(url, summarizer=summ, retry_backoff_seconds=60)
+    return HistoryCompressor.from_url(
+        url, summarizer=summ, retry_backoff_seconds=60, max_topic_tokens=max_topic_tokens
+    )
 
 
 async def test_accepted_summary_records_what_the_server_reported(
@@ -112,7 +114,8 @@ async def test_chunks_answered_before_a_failure_are_recorded(
         Reply(text="Chunk one: rubber case chosen.", prompt_tokens=610, completion_tokens=9),
         Reply(status=401),
     )
-    async with compressor(db_url, openai_server, context_window=2000) as hc:
+    # No size cap: a topic of 30 turns, larger than the summariser's window, stays one topic.
+    async with compressor(db_url, openai_server, max_topic_tokens=0, context_window=2000) as hc:
         now = await one_sealed_topic(hc, turns=30)
         await hc.maintain(CID, now=now)
         topic = await topic_row(hc)

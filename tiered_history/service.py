@@ -318,7 +318,9 @@ class ReplyPath:
             trigger_roles=tuple(b.trigger_roles),
             silence=timedelta(minutes=pick(p.silence_minutes if p else None, s.silence_minutes)),
             # The size rule follows the budget the conversation is read with (issue 14).
-            size_limit=topic_size_limit(budget or s.context_budget, s.tiers.current_topic, s.token_threshold),
+            size_limit=topic_size_limit(
+                budget or s.context_budget, s.tiers.current_topic, s.token_threshold, s.max_topic_tokens
+            ),
             min_tokens=b.min_topic_tokens,
             detect_every=self.detect_every,
         )

@@ -70,9 +70,15 @@ def summary_shares(
     return kept, bulk + (topics - kept), 1.0 if kept > 0 else 0.0
 
 
-def topic_size_limit(context_budget: int, current_share: float, threshold: float) -> int:
-    """Tokens at which an open topic is sealed: ``threshold`` of the current topic's allocation."""
-    return int((context_budget - REPLY_PRIMING_TOKENS) * current_share * threshold)
+def topic_size_limit(context_budget: int, current_share: float, threshold: float, cap: int = 0) -> int:
+    """Tokens at which an open topic is sealed: ``threshold`` of the current topic's allocation,
+    and at most ``cap`` (0: no cap).
+
+    The cap matters in large contexts: a window starts only where a summarised range begins or
+    ends, so the topics' size is the grain the window moves by, and room a move leaves unused
+    beyond its step is up to a topic's worth (at 8,000 tokens, 2,399 tokens of topic a seal)."""
+    limit = int((context_budget - REPLY_PRIMING_TOKENS) * current_share * threshold)
+    return min(limit, cap) if cap > 0 else limit
 
 
 #: What a tier's block costs besides its items (framing, header line, delimiters), about.
