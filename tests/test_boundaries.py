@@ -220,20 +220,21 @@ def test_topic_size_limit_follows_the_budget() -> None:
 
 
 def test_topic_size_limit_is_capped_by_max_topic_tokens() -> None:
-    assert topic_size_limit(8000, 0.5, 0.6, 1000) == 1000
-    assert topic_size_limit(2000, 0.5, 0.6, 1000) == topic_size_limit(2000, 0.5, 0.6) < 1000
+    assert topic_size_limit(8000, 0.5, 0.6, 1200) == 1200
+    assert topic_size_limit(4000, 0.5, 0.6, 1200) == topic_size_limit(4000, 0.5, 0.6) == 1199
     assert topic_size_limit(8000, 0.5, 0.6, 0) == topic_size_limit(8000, 0.5, 0.6) == 2399
 
 
 async def test_a_long_topic_is_sealed_at_max_topic_tokens_in_a_large_context(url: str) -> None:
-    """At the default 8,000-token budget a topic is sealed by size at 1,000 tokens (the cap), not
-    at the 2,399 the share alone gives; with the cap off (0), at 2,399."""
+    """At the default 8,000-token budget a topic is sealed by size at 1,200 tokens (the default
+    cap), not at the 2,399 the share alone gives; with the cap off (0), at 2,399."""
     counter = TokenCounter()
     text = "the depot report lists crates vans and shelves " * 8
     size = counter.message_tokens({"role": "user", "content": text})
-    for cap, limit in ((1000, 1000), (0, 2399)):
+    for cap, limit in ((None, 1200), (0, 2399)):
+        capped = {} if cap is None else {"max_topic_tokens": cap}
         settings = Settings.load(
-            max_topic_tokens=cap, boundaries={"explicit": False, "temporal": False, "cohesion": False}
+            **capped, boundaries={"explicit": False, "temporal": False, "cohesion": False}
         )
         async with HistoryCompressor(url, settings=settings) as hc:
             for k in range(3 * limit // size):

@@ -45,7 +45,7 @@ async def topic_row(hc: HistoryCompressor) -> Summary:
     return topic
 
 
-def compressor(url: str, server: OpenAIServer, max_topic_tokens: int = 1000, **kw: Any) -> HistoryCompressor:
+def compressor(url: str, server: OpenAIServer, max_topic_tokens: int = 1200, **kw: Any) -> HistoryCompressor:
     summ = LiteLLMSummarizer(MODEL, api_base=server.url, api_key="test", timeout=2.0, max_retries=0, **kw)
     return HistoryCompressor.from_url(
         url, summarizer=summ, retry_backoff_seconds=60, max_topic_tokens=max_topic_tokens

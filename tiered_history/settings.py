@@ -150,9 +150,9 @@ class Settings(BaseModel):
     bulk_merge_size: int = Field(3, ge=2, le=100)
     silence_minutes: float = Field(30.0, gt=0, le=525_600)
     token_threshold: float = Field(0.60, gt=0.0, le=1.0)
-    max_topic_tokens: int = Field(1000, ge=0, le=10_000_000)
+    max_topic_tokens: int = Field(1200, ge=0, le=10_000_000)
     """The size rule seals a topic at ``token_threshold`` of the current topic's share and at most
-    at this many tokens (0: no cap). Binds from budgets of about 3,300 tokens on."""
+    at this many tokens (0: no cap). Binds above budgets of 4,000 tokens."""
     boundaries: BoundarySettings = Field(default_factory=lambda: BoundarySettings())
     # Factories are lambdas, not dict/list: pydantic reads a factory's signature, and a builtin's
     # is parsed from text with the tokenize module (~3 ms of every start-up).
