@@ -23,7 +23,7 @@ from tiered_history import (
     StoredMessage,
     SyncHistoryCompressor,
 )
-from tiered_history.core.budget import MIN_MAX_TOKENS
+from tiered_history.core.budget import MIN_MAX_TOKENS, topic_size_limit
 from tiered_history.core.render import day_lines, render_block
 from tiered_history.testing import ScriptedSummarizer
 from tiered_history.tokens import TokenCounter
@@ -771,7 +771,8 @@ async def test_a_new_window_start_leaves_no_topic_summary_out_while_there_is_roo
             and t.id not in shown
         ]
         # The room the open topic may still grow into before the size rule seals it.
-        growth = int((budget - 3) * 0.5 * hc.settings.token_threshold)
+        s = hc.settings
+        growth = topic_size_limit(budget, s.tiers.current_topic, s.token_threshold, s.max_topic_tokens)
         assert ctx.historical_topics
         for t in left_out:
             assert request_tokens(ctx) + t.token_count + growth > budget, (t.first_sequence, ctx.tier_tokens)

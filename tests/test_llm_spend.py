@@ -45,11 +45,13 @@ async def topic_row(hc: HistoryCompressor) -> Summary:
     return topic
 
 
-def compressor(url: str, server: OpenAIServer, max_topic_tokens: int = 1200, **kw: Any) -> HistoryCompressor:
+def compressor(
+    url: str, server: OpenAIServer, max_topic_tokens: int | None = None, **kw: Any
+) -> HistoryCompressor:
     summ = LiteLLMSummarizer(MODEL, api_base=server.url, api_key="test", timeout=2.0, max_retries=0, **kw)
-    return HistoryCompressor.from_url(
-        url, summarizer=summ, retry_backoff_seconds=60, max_topic_tokens=max_topic_tokens
-    )
+    # The library's default unless a test sets its own.
+    cap = {} if max_topic_tokens is None else {"max_topic_tokens": max_topic_tokens}
+    return HistoryCompressor.from_url(url, summarizer=summ, retry_backoff_seconds=60, **cap)
 
 
 async def test_accepted_summary_records_what_the_server_reported(
