@@ -99,6 +99,12 @@ async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() 
     assert cached.topic_share == 0
     sized = escalation_budget(3000, 0.3, 0.2, 200, 300, 3, recall_share=0.4, reference_budget=3000)
     assert cached.topic_target == sized.topic_target > MIN_TOPIC_TARGET
+    # Where the archives hold the topic tier's room, a merge keeps about what its summaries say
+    # (bulk_merge_size of them), within half the archives' room; elsewhere bulk_summary_tokens.
+    assert tight.bulk_target == min(300, tight.bulk_share // 2)  # 3 x 49 is less
+    assert cached.bulk_target == 3 * cached.topic_target > 300
+    assert cached.bulk_target <= cached.bulk_share // 2
+    assert roomy.bulk_target == 300
     assert roomy.bulk_share == int(7997 * 0.2) - 32
     assert roomy.topic_share > 0
 
