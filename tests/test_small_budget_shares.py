@@ -99,14 +99,27 @@ async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() 
     assert cached.topic_share == 0
     sized = escalation_budget(3000, 0.3, 0.2, 200, 300, 3, recall_share=0.4, reference_budget=3000)
     assert cached.topic_target == sized.topic_target > MIN_TOPIC_TARGET
-    # Where the archives hold the topic tier's room, a merge keeps about what its summaries say
-    # (bulk_merge_size of them), within half the archives' room; elsewhere bulk_summary_tokens.
-    assert tight.bulk_target == min(300, tight.bulk_share // 2)  # 3 x 49 is less
+    # Where the archives hold the topic tier's stable part (the cached layout), a merge keeps about
+    # what its summaries say (bulk_merge_size of them), within half the archives' room; elsewhere
+    # the target is bulk_summary_tokens, within the same half.
+    assert tight.bulk_target == min(300, tight.bulk_share // 2)
     assert cached.bulk_target == 3 * cached.topic_target > 300
     assert cached.bulk_target <= cached.bulk_share // 2
     assert roomy.bulk_target == 300
     assert roomy.bulk_share == int(7997 * 0.2) - 32
     assert roomy.topic_share > 0
+
+
+async def test_below_cache_min_a_merge_keeps_the_configured_archive_target() -> None:
+    # At 2,000 tokens (the relevance layout) three topic targets (3 x 109) would be more than
+    # bulk_summary_tokens; merged to them, QMSum's static retention there fell (test split 59.8 ->
+    # 58.9 %, recall off), so the configured target stays.
+    async with HistoryCompressor("memory://", context_budget=2000) as hc:
+        plan = hc.reply.plan_at(2000)
+        assert 3 * plan.topic_target > 300
+        assert plan.bulk_target == 300
+        above = hc.reply.plan_at(2048)
+        assert above.bulk_target == 3 * above.topic_target > 300
 
 
 def test_targets_do_not_shrink_with_a_budget_below_the_reference() -> None:

@@ -340,15 +340,16 @@ class ReplyPath:
             # archives hold that room, topic summaries are the parts of an archive, shown in its
             # place when there is room (a target sized by the room left would be the floor).
             topic_target = self._plan(budget, self.shares).topic_target
-            # And an archive stands for the summaries the topic tier would have shown: a merge keeps
-            # about what they say (up to half the archives' room), the roll-ups, which choose again
-            # from the messages of the whole timeline, do the compressing. Merged down to
-            # ``bulk_summary_tokens`` each merge dropped a third of its summaries and the roll-up
-            # chose among fewer sentences (docs/architecture.md, "Archives in the topic tier's room").
-            bulk_target = max(
-                plan.bulk_target, min(topic_target * self.settings.bulk_merge_size, plan.bulk_share // 2)
-            )
-            plan = replace(plan, topic_target=topic_target, bulk_target=bulk_target)
+            plan = replace(plan, topic_target=topic_target)
+            if budget >= self.shares.cache_min:
+                # In the cached layout an archive stands for the summaries the topic tier's stable
+                # part would have shown: a merge keeps about what they say (up to half the
+                # archives' room), and the roll-ups, which choose again from the messages of the
+                # whole timeline, do the compressing. Merged down to ``bulk_summary_tokens``, each
+                # merge dropped a third of its summaries (docs/architecture.md, "Archives in the
+                # topic tier's room"; below cache_min it did not pay).
+                bulk_target = min(topic_target * self.settings.bulk_merge_size, plan.bulk_share // 2)
+                plan = replace(plan, bulk_target=max(plan.bulk_target, bulk_target))
         if budget < self.shares.cache_min:
             plan = replace(plan, timeline=False)
         return plan
