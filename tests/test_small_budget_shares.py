@@ -4,12 +4,19 @@ window; up to twice that, its stable part. The layout, and maintenance's plan.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
 import pytest
 
-from tiered_history import HistoryCompressor
+from tiered_history import HistoryCompressor, Message
 from tiered_history.core.assembly import Recalled, Rows, Shares, assemble
 from tiered_history.core.budget import MIN_TOPIC_TARGET, escalation_budget, summary_shares
 from tiered_history.models import CompressedContext, Summary
+from tiered_history.summarizers.base import SummaryInput, SummaryPiece, SummaryResult
+from tiered_history.summarizers.extractive import ExtractiveSummarizer
+from tiered_history.summarizers.pipeline import SummaryPipeline
 
 from .test_recall_layout import COUNTER, T0, message
 
@@ -102,10 +109,13 @@ async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() 
     # Where the archives hold the topic tier's stable part (the cached layout), a merge keeps about
     # what its summaries say (bulk_merge_size of them), within half the archives' room; elsewhere
     # the target is bulk_summary_tokens, within the same half.
-    assert tight.bulk_target == min(300, tight.bulk_share // 2)
-    assert cached.bulk_target == 3 * cached.topic_target > 300
-    assert cached.bulk_target <= cached.bulk_share // 2
-    assert roomy.bulk_target == 300
+    # A summariser whose roll-ups read the messages (the offline one) is given that larger target;
+    # a model, whose roll-ups read texts, keeps bulk_summary_tokens.
+    assert tight.merge_target(True) == tight.merge_target(False) == min(300, tight.bulk_share // 2)
+    assert cached.merge_target(True) == 3 * cached.topic_target > 300
+    assert cached.merge_target(True) <= cached.bulk_share // 2
+    assert cached.merge_target(False) == cached.bulk_target == 300
+    assert roomy.merge_target(True) == roomy.merge_target(False) == 300
     assert roomy.bulk_share == int(7997 * 0.2) - 32
     assert roomy.topic_share > 0
 
@@ -117,9 +127,61 @@ async def test_below_cache_min_a_merge_keeps_the_configured_archive_target() -> 
     async with HistoryCompressor("memory://", context_budget=2000) as hc:
         plan = hc.reply.plan_at(2000)
         assert 3 * plan.topic_target > 300
-        assert plan.bulk_target == 300
+        assert plan.merge_target(True) == 300
         above = hc.reply.plan_at(2048)
-        assert above.bulk_target == 3 * above.topic_target > 300
+        assert above.merge_target(True) == 3 * above.topic_target > 300
+
+
+class _ModelLike:
+    """A summariser behind the protocol only, as a model's is (no ``reads_sources``)."""
+
+    name = "model-like"
+
+    def __init__(self) -> None:
+        self.inner = ExtractiveSummarizer()
+
+    async def summarize(self, messages: Sequence[SummaryInput], target_tokens: int) -> SummaryResult:
+        return await self.inner.summarize(messages, target_tokens)
+
+    async def merge(self, pieces: Sequence[SummaryPiece], target_tokens: int, **kw: Any) -> SummaryResult:
+        return await self.inner.merge(pieces, target_tokens)
+
+
+@pytest.mark.parametrize("model", [False, True])
+async def test_maintenance_gives_the_larger_merge_target_only_to_a_summariser_reading_messages(
+    model: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    targets: list[int | None] = []
+    original = SummaryPipeline.merge
+
+    async def merge(
+        self: SummaryPipeline, items: Sequence[Summary], target: int | None = None, *a: Any, **kw: Any
+    ):  # type: ignore[no-untyped-def]
+        if items[0].tier == "topic":
+            targets.append(target)
+        return await original(self, items, target, *a, **kw)
+
+    monkeypatch.setattr(SummaryPipeline, "merge", merge)
+    summarizer = _ModelLike() if model else None
+    async with HistoryCompressor.from_url("memory://", context_budget=3000, summarizer=summarizer) as hc:
+        plan = hc.reply.plan_at(3000)
+        n = 0
+        for t in range(30):
+            for k in range(4):
+                n += 1
+                text = f"Topic {t}, point {k}: " + " ".join(
+                    f"crate{t}x{k}y{j} goes north." for j in range(12)
+                )
+                at = T0 + timedelta(minutes=n)
+                await hc.add_message(
+                    "c", Message(role="user" if k % 2 == 0 else "assistant", content=text, timestamp=at)
+                )
+            await hc.seal_current_topic("c")
+            await hc.get_context("c", 3000)
+            await hc.maintain("c", now=T0 + timedelta(minutes=n + 1))
+    assert targets, "no topic summaries were merged: the test did not reach the rule"
+    expected = 300 if model else 3 * plan.topic_target
+    assert set(targets) == {expected}
 
 
 def test_targets_do_not_shrink_with_a_budget_below_the_reference() -> None:

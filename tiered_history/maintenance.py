@@ -219,7 +219,14 @@ class Maintenance:
                 active, state.open.tokens, plan.window_share, mark.start if mark is not None else None
             )
             report.merged += await self._merge(
-                cid, state, active, plan.topic_share, plan.bulk_target, now, plan.bulk_share, plan.timeline
+                cid,
+                state,
+                active,
+                plan.topic_share,
+                plan.merge_target(self.pipeline.reads_sources),
+                now,
+                plan.bulk_share,
+                plan.timeline,
             )
             state = await self.store.state(cid) or state
             archives = transitions.active_archives(await self.store.read_summaries(cid, "bulk"))

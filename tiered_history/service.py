@@ -343,13 +343,15 @@ class ReplyPath:
             plan = replace(plan, topic_target=topic_target)
             if budget >= self.shares.cache_min:
                 # In the cached layout an archive stands for the summaries the topic tier's stable
-                # part would have shown: a merge keeps about what they say (up to half the
-                # archives' room), and the roll-ups, which choose again from the messages of the
-                # whole timeline, do the compressing. Merged down to ``bulk_summary_tokens``, each
-                # merge dropped a third of its summaries (docs/architecture.md, "Archives in the
-                # topic tier's room"; below cache_min it did not pay).
-                bulk_target = min(topic_target * self.settings.bulk_merge_size, plan.bulk_share // 2)
-                plan = replace(plan, bulk_target=max(plan.bulk_target, bulk_target))
+                # part would have shown: where the roll-ups choose again from the messages of the
+                # whole timeline (the offline summariser), a merge keeps about what its summaries
+                # say (up to half the archives' room) and the roll-ups do the compressing. Merged
+                # down to ``bulk_summary_tokens``, each merge dropped a third of its summaries
+                # (docs/architecture.md, "Archives in the topic tier's room"; below cache_min it
+                # did not pay). A model's roll-ups read texts, and a merge near its source's size
+                # is a paid restatement that may come back no smaller: it keeps the target.
+                merged = min(topic_target * self.settings.bulk_merge_size, plan.bulk_share // 2)
+                plan = replace(plan, sourced_merge_target=merged)
         if budget < self.shares.cache_min:
             plan = replace(plan, timeline=False)
         return plan

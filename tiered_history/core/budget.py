@@ -107,6 +107,14 @@ class EscalationBudget:
     """Contexts show the summaries and archives in timeline order, all of those before the window
     (laid out for the cache): a summary need not say again what the ones before it say. Below
     ``cache_min_tokens`` a context shows those that best match the newest message instead."""
+    sourced_merge_target: int = 0
+    """Target of a merge of topic summaries when the summariser's roll-ups choose again from the
+    messages (``reads_sources``, the offline one), if larger than ``bulk_target`` (0: not)."""
+
+    def merge_target(self, reads_sources: bool) -> int:
+        """Target of a merge of topic summaries into an archive by a summariser that does or does
+        not read the messages at a roll-up."""
+        return max(self.sourced_merge_target, self.bulk_target) if reads_sources else self.bulk_target
 
 
 def escalation_budget(
