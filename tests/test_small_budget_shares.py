@@ -200,6 +200,47 @@ def test_targets_do_not_shrink_with_a_budget_below_the_reference() -> None:
     assert plan(16000, 8000) == (400, 600)
 
 
+def test_a_question_about_the_past_may_recall_as_much_as_the_archives_hold() -> None:
+    """Beyond the topic tier's share, up to what the archives hold (half the context), the window's
+    oldest units giving way; the newest message and the one before it stay."""
+    archives = [_archive(i, 10 * i + 1, 10 * i + 10) for i in range(40)]
+    lorries = [
+        message(401 + k, f"The refrigerated lorry {k} to Bergen leaves depot {17 + k} at dawn with fish.")
+        for k in range(40)
+    ]
+    talk = [
+        message(
+            441 + k,
+            f"Shelf {k} in aisle {k % 7} holds {k * 3} boxes of nails.",
+            "user" if k % 2 else "assistant",
+        )
+        for k in range(60)
+    ]
+    question = "Which refrigerated lorry leaves for Bergen, and from which depot?"
+    recent = [*lorries, *talk, message(501, question)]
+    rows = Rows(
+        pinned=[],
+        recent=recent,
+        end_position=sum(m.token_count for m in recent),
+        archives=archives,
+        recall=[Recalled(50.0 - k, messages=(m,)) for k, m in enumerate(lorries)],
+        summarized_upto=400,
+        query=question,
+    )
+    ctx = assemble(
+        conversation_id="c", max_tokens=1000, shares=Shares(0.5, 0.3, 0.2), counter=COUNTER, rows=rows
+    )
+    assert ctx.total_tokens <= 1000
+    assert (
+        ctx.allocation["topic"]
+        < ctx.tier_tokens["recall"]
+        <= ctx.allocation["topic"] + ctx.allocation["bulk"]
+    )
+    kept = [m.sequence for m in ctx.current_topic]
+    assert kept[-2:] == [500, 501]  # the question and the message before it
+    assert ctx.tier_tokens["bulk"] > ctx.allocation["bulk"]  # the archives kept their room
+
+
 def _rows_with_matches(question: str) -> Rows:
     """The archives of :func:`_rows`, a long open topic, and ten earlier messages (before the
     window) that match ``question``, the newest message."""

@@ -778,13 +778,19 @@ def _relevance_layout(
     free = avail - suffix[chosen] - archives.tokens
     room = free if redistribute else min(alloc.topics, free)
     first = _first_recall(rows, window, reserve)
-    want = alloc.topics if first is None else first
+    # A question about the past may recall as much as the archives hold (what matches it weighs
+    # as much as the summary of the whole timeline): the topic tier's share, and beyond it the
+    # window's oldest units, as long as the newest unit and the one before it (what the question
+    # may point back to) stay.
+    want = (alloc.topics + alloc.bulk if redistribute else alloc.topics) if first is None else first
     if redistribute and room < want:
         # The archives hold the topic tier's whole share here (summary_shares): what the newest
         # message recalls, up to that share for a question about the past and up to ``reserve``
         # for a weak query, takes the place of the window's oldest units (the archives are whole
         # roll-ups; shrinking them would take the oldest part of the timeline out).
-        room = min(want, avail - archives.tokens - suffix[len(units) - 1])
+        room = min(want, alloc.topics, avail - archives.tokens - suffix[len(units) - 1])
+        if want > alloc.topics:
+            room = max(room, min(want, avail - archives.tokens - suffix[max(len(units) - 2, 0)]))
     elif first is not None:
         room = min(room, want)
     recalled, note, note_tokens = _recall(rows, window, _Block("topic"), archives, room, measure)
