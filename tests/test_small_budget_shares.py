@@ -14,11 +14,10 @@ from tiered_history import HistoryCompressor, Message
 from tiered_history.core.assembly import Recalled, Rows, Shares, assemble
 from tiered_history.core.budget import MIN_TOPIC_TARGET, escalation_budget, summary_shares
 from tiered_history.models import CompressedContext, Summary
-from tiered_history.summarizers.base import SummaryInput, SummaryPiece, SummaryResult
-from tiered_history.summarizers.extractive import ExtractiveSummarizer
 from tiered_history.summarizers.pipeline import SummaryPipeline
 
 from .test_recall_layout import COUNTER, T0, message
+from .test_rollup_sources import ModelLike
 
 
 def test_the_topic_share_goes_to_the_archives_only_in_small_contexts() -> None:
@@ -106,11 +105,10 @@ async def test_maintenance_plans_the_archives_for_that_room_at_a_small_budget() 
     assert cached.topic_share == 0
     sized = escalation_budget(3000, 0.3, 0.2, 200, 300, 3, recall_share=0.4, reference_budget=3000)
     assert cached.topic_target == sized.topic_target > MIN_TOPIC_TARGET
-    # Where the archives hold the topic tier's stable part (the cached layout), a merge keeps about
-    # what its summaries say (bulk_merge_size of them), within half the archives' room; elsewhere
-    # the target is bulk_summary_tokens, within the same half.
-    # A summariser whose roll-ups read the messages (the offline one) is given that larger target;
-    # a model, whose roll-ups read texts, keeps bulk_summary_tokens.
+    # Where the archives hold the topic tier's stable part (the cached layout), a summariser whose
+    # roll-ups read the messages (the offline one) merges to bulk_merge_size topic targets, within
+    # half the archives' room; a model, whose roll-ups read texts, and every other layout keep
+    # bulk_summary_tokens (within the same half).
     assert tight.merge_target(True) == tight.merge_target(False) == min(300, tight.bulk_share // 2)
     assert cached.merge_target(True) == 3 * cached.topic_target > 300
     assert cached.merge_target(True) <= cached.bulk_share // 2
@@ -132,21 +130,6 @@ async def test_below_cache_min_a_merge_keeps_the_configured_archive_target() -> 
         assert above.merge_target(True) == 3 * above.topic_target > 300
 
 
-class _ModelLike:
-    """A summariser behind the protocol only, as a model's is (no ``reads_sources``)."""
-
-    name = "model-like"
-
-    def __init__(self) -> None:
-        self.inner = ExtractiveSummarizer()
-
-    async def summarize(self, messages: Sequence[SummaryInput], target_tokens: int) -> SummaryResult:
-        return await self.inner.summarize(messages, target_tokens)
-
-    async def merge(self, pieces: Sequence[SummaryPiece], target_tokens: int, **kw: Any) -> SummaryResult:
-        return await self.inner.merge(pieces, target_tokens)
-
-
 @pytest.mark.parametrize("model", [False, True])
 async def test_maintenance_gives_the_larger_merge_target_only_to_a_summariser_reading_messages(
     model: bool, monkeypatch: pytest.MonkeyPatch
@@ -156,13 +139,13 @@ async def test_maintenance_gives_the_larger_merge_target_only_to_a_summariser_re
 
     async def merge(
         self: SummaryPipeline, items: Sequence[Summary], target: int | None = None, *a: Any, **kw: Any
-    ):  # type: ignore[no-untyped-def]
+    ) -> Any:
         if items[0].tier == "topic":
             targets.append(target)
         return await original(self, items, target, *a, **kw)
 
     monkeypatch.setattr(SummaryPipeline, "merge", merge)
-    summarizer = _ModelLike() if model else None
+    summarizer = ModelLike() if model else None
     async with HistoryCompressor.from_url("memory://", context_budget=3000, summarizer=summarizer) as hc:
         plan = hc.reply.plan_at(3000)
         n = 0
@@ -200,25 +183,20 @@ def test_targets_do_not_shrink_with_a_budget_below_the_reference() -> None:
     assert plan(16000, 8000) == (400, 600)
 
 
-def test_a_question_about_the_past_may_recall_as_much_as_the_archives_hold() -> None:
-    """Beyond the topic tier's share, up to what the archives hold (half the context), the window's
-    oldest units giving way; the newest message and the one before it stay."""
+def _rows_with_matches(question: str, matches: int = 10) -> Rows:
+    """The archives of :func:`_rows`, a long open topic, and ``matches`` earlier messages (before
+    the window) that match ``question``, the newest message (sequence 461 + ``matches``)."""
     archives = [_archive(i, 10 * i + 1, 10 * i + 10) for i in range(40)]
     lorries = [
         message(401 + k, f"The refrigerated lorry {k} to Bergen leaves depot {17 + k} at dawn with fish.")
-        for k in range(40)
+        for k in range(matches)
     ]
+    first = 401 + matches
     talk = [
-        message(
-            441 + k,
-            f"Shelf {k} in aisle {k % 7} holds {k * 3} boxes of nails.",
-            "user" if k % 2 else "assistant",
-        )
-        for k in range(60)
+        message(first + k, f"Shelf {k} in aisle {k % 7} holds {k * 3} boxes of nails.") for k in range(60)
     ]
-    question = "Which refrigerated lorry leaves for Bergen, and from which depot?"
-    recent = [*lorries, *talk, message(501, question)]
-    rows = Rows(
+    recent = [*lorries, *talk, message(first + 60, question)]
+    return Rows(
         pinned=[],
         recent=recent,
         end_position=sum(m.token_count for m in recent),
@@ -227,6 +205,13 @@ def test_a_question_about_the_past_may_recall_as_much_as_the_archives_hold() -> 
         summarized_upto=400,
         query=question,
     )
+
+
+def test_a_question_about_the_past_may_recall_as_much_as_the_archives_hold() -> None:
+    """Beyond the topic tier's share, up to what the archives hold (half the context), the window's
+    oldest units giving way; the newest message and the one before it stay."""
+    question = "Which refrigerated lorry leaves for Bergen, and from which depot?"
+    rows = _rows_with_matches(question, matches=40)
     ctx = assemble(
         conversation_id="c", max_tokens=1000, shares=Shares(0.5, 0.3, 0.2), counter=COUNTER, rows=rows
     )
@@ -239,27 +224,6 @@ def test_a_question_about_the_past_may_recall_as_much_as_the_archives_hold() -> 
     kept = [m.sequence for m in ctx.current_topic]
     assert kept[-2:] == [500, 501]  # the question and the message before it
     assert ctx.tier_tokens["bulk"] > ctx.allocation["bulk"]  # the archives kept their room
-
-
-def _rows_with_matches(question: str) -> Rows:
-    """The archives of :func:`_rows`, a long open topic, and ten earlier messages (before the
-    window) that match ``question``, the newest message."""
-    archives = [_archive(i, 10 * i + 1, 10 * i + 10) for i in range(40)]
-    lorries = [
-        message(401 + k, f"The refrigerated lorry {k} to Bergen leaves depot {17 + k} at dawn with fish.")
-        for k in range(10)
-    ]
-    talk = [message(411 + k, f"Shelf {k} in aisle {k % 7} holds {k * 3} boxes of nails.") for k in range(60)]
-    recent = [*lorries, *talk, message(471, question)]
-    return Rows(
-        pinned=[],
-        recent=recent,
-        end_position=sum(m.token_count for m in recent),
-        archives=archives,
-        recall=[Recalled(50.0 - k, messages=(m,)) for k, m in enumerate(lorries)],
-        summarized_upto=400,
-        query=question,
-    )
 
 
 def test_a_strong_match_takes_the_topic_tiers_share_the_oldest_of_the_window_giving_way() -> None:
