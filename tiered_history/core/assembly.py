@@ -782,7 +782,7 @@ def _relevance_layout(
     # as much as the summary of the whole timeline): the topic tier's share, and beyond it the
     # window's oldest units, as long as the newest unit and the one before it (what the question
     # may point back to) stay.
-    want = (alloc.topics + alloc.bulk if redistribute else alloc.topics) if first is None else first
+    want = alloc.topics + alloc.bulk if first is None else first
     if redistribute and room < want:
         # The archives hold the topic tier's whole share here (summary_shares): what the newest
         # message recalls, up to that share for a question about the past and up to ``reserve``
